@@ -1,0 +1,1 @@
+//! hydrant-client: routing, pipelining and pinned reads, and the `hydrant` CLI. Built in issue 3.

@@ -1,0 +1,244 @@
+//! The entry header: one block in front of every chunk of data, tombstone or seal.
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic "HENT"
+//!      4    1 kind                1 = chunk, 2 = tombstone, 3 = seal (end of the region's log)
+//!      5    1 flags               bit 0 = dirty (not yet at the origin)
+//!      6    1 bucket_len          <= 63
+//!      7    1 etag_len            <= 64
+//!      8    2 key_len             <= 1024
+//!     10    2 crc_count           = ceil(data_bytes / crc_block_bytes)
+//!     12    4 chunk_index
+//!     16    4 chunk_count         chunks of the object version
+//!     20    4 data_bytes          bytes of data following this header (this chunk)
+//!     24    8 seq                 object version: per-shard sequence number of the put/delete
+//!     32    8 region_seq          the region header this entry was written under
+//!     40    8 object_bytes        size of the whole object version
+//!     48   64 etag                origin ETag (etag_len bytes used)
+//!    112    . bucket, then key, then crc_count little-endian u32 CRC32C of the data pieces
+//!   4092    4 crc32c of bytes 0..4092
+//! ```
+//! Data starts at the next block and is padded with zeros to a multiple of 4 KiB.
+
+use super::*;
+
+const MAGIC: u32 = u32::from_le_bytes(*b"HENT");
+const MAGIC_OFFSET: usize = 0;
+const KIND_OFFSET: usize = MAGIC_OFFSET + 4;
+const FLAGS_OFFSET: usize = KIND_OFFSET + 1;
+const BUCKET_LEN_OFFSET: usize = FLAGS_OFFSET + 1;
+const ETAG_LEN_OFFSET: usize = BUCKET_LEN_OFFSET + 1;
+const KEY_LEN_OFFSET: usize = ETAG_LEN_OFFSET + 1;
+const CRC_COUNT_OFFSET: usize = KEY_LEN_OFFSET + 2;
+const CHUNK_INDEX_OFFSET: usize = CRC_COUNT_OFFSET + 2;
+const CHUNK_COUNT_OFFSET: usize = CHUNK_INDEX_OFFSET + 4;
+const DATA_BYTES_OFFSET: usize = CHUNK_COUNT_OFFSET + 4;
+const SEQ_OFFSET: usize = DATA_BYTES_OFFSET + 4;
+const REGION_SEQ_OFFSET: usize = SEQ_OFFSET + 8;
+const OBJECT_BYTES_OFFSET: usize = REGION_SEQ_OFFSET + 8;
+const ETAG_OFFSET: usize = OBJECT_BYTES_OFFSET + 8;
+const NAMES_OFFSET: usize = ETAG_OFFSET + ETAG_BYTES_MAX;
+const _: () = assert!(NAMES_OFFSET == 112);
+/// The most data checksums a header has room for beside the longest bucket and key.
+pub(crate) const CRC_COUNT_MAX: usize =
+    (CHECKSUM_OFFSET - NAMES_OFFSET - BUCKET_BYTES_MAX - KEY_BYTES_MAX) / 4;
+const _: () = assert!(CRC_COUNT_MAX >= 256);
+
+pub const ENTRY_FLAG_DIRTY: u8 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Chunk = 1,
+    Tombstone = 2,
+    Seal = 3,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryHeader {
+    pub kind: EntryKind,
+    pub flags: u8,
+    pub chunk_index: u32,
+    pub chunk_count: u32,
+    pub data_bytes: u32,
+    pub seq: u64,
+    pub region_seq: u64,
+    pub object_bytes: u64,
+    pub etag: Vec<u8>,
+    pub bucket: Vec<u8>,
+    pub key: Vec<u8>,
+    pub data_crcs: Vec<u32>,
+}
+
+impl EntryHeader {
+    /// A seal: marks the end of a region's log (written during recovery at a torn tail).
+    pub fn seal(region_seq: u64) -> EntryHeader {
+        EntryHeader {
+            kind: EntryKind::Seal,
+            flags: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            data_bytes: 0,
+            seq: 0,
+            region_seq,
+            object_bytes: 0,
+            etag: Vec::new(),
+            bucket: Vec::new(),
+            key: Vec::new(),
+            data_crcs: Vec::new(),
+        }
+    }
+
+    /// Bytes the entry takes in its region: the header block and the padded data.
+    pub fn entry_bytes(&self) -> u64 {
+        (BLOCK_BYTES + crate::buf::align_up(self.data_bytes as usize)) as u64
+    }
+
+    pub fn encode_into(&self, block: &mut [u8]) {
+        assert_eq!(block.len(), BLOCK_BYTES);
+        assert!(self.bucket.len() <= BUCKET_BYTES_MAX);
+        assert!(self.key.len() <= KEY_BYTES_MAX);
+        assert!(self.etag.len() <= ETAG_BYTES_MAX);
+        assert!(self.data_crcs.len() <= CRC_COUNT_MAX);
+        block.fill(0);
+        put_u32(block, MAGIC_OFFSET, MAGIC);
+        block[KIND_OFFSET] = self.kind as u8;
+        block[FLAGS_OFFSET] = self.flags;
+        block[BUCKET_LEN_OFFSET] = self.bucket.len() as u8;
+        block[ETAG_LEN_OFFSET] = self.etag.len() as u8;
+        put_u16(block, KEY_LEN_OFFSET, self.key.len() as u16);
+        put_u16(block, CRC_COUNT_OFFSET, self.data_crcs.len() as u16);
+        put_u32(block, CHUNK_INDEX_OFFSET, self.chunk_index);
+        put_u32(block, CHUNK_COUNT_OFFSET, self.chunk_count);
+        put_u32(block, DATA_BYTES_OFFSET, self.data_bytes);
+        put_u64(block, SEQ_OFFSET, self.seq);
+        put_u64(block, REGION_SEQ_OFFSET, self.region_seq);
+        put_u64(block, OBJECT_BYTES_OFFSET, self.object_bytes);
+        block[ETAG_OFFSET..ETAG_OFFSET + self.etag.len()].copy_from_slice(&self.etag);
+        let mut offset = NAMES_OFFSET;
+        block[offset..offset + self.bucket.len()].copy_from_slice(&self.bucket);
+        offset += self.bucket.len();
+        block[offset..offset + self.key.len()].copy_from_slice(&self.key);
+        offset += self.key.len();
+        for crc in &self.data_crcs {
+            put_u32(block, offset, *crc);
+            offset += 4;
+        }
+        seal_block(block);
+    }
+
+    /// The header in `block`, or `None` when the block is not a valid entry header for a store
+    /// that checksums data in pieces of `crc_block_bytes`.
+    pub fn decode(block: &[u8], crc_block_bytes: u32) -> Option<EntryHeader> {
+        if block.len() < BLOCK_BYTES
+            || get_u32(block, MAGIC_OFFSET) != MAGIC
+            || !block_checksum_ok(block)
+        {
+            return None;
+        }
+        let kind = match block[KIND_OFFSET] {
+            1 => EntryKind::Chunk,
+            2 => EntryKind::Tombstone,
+            3 => EntryKind::Seal,
+            _ => return None,
+        };
+        let bucket_len = block[BUCKET_LEN_OFFSET] as usize;
+        let etag_len = block[ETAG_LEN_OFFSET] as usize;
+        let key_len = get_u16(block, KEY_LEN_OFFSET) as usize;
+        let crc_count = get_u16(block, CRC_COUNT_OFFSET) as usize;
+        let data_bytes = get_u32(block, DATA_BYTES_OFFSET);
+        let chunk_index = get_u32(block, CHUNK_INDEX_OFFSET);
+        let chunk_count = get_u32(block, CHUNK_COUNT_OFFSET);
+        let lengths_ok = bucket_len <= BUCKET_BYTES_MAX
+            && key_len <= KEY_BYTES_MAX
+            && etag_len <= ETAG_BYTES_MAX
+            && crc_count <= CRC_COUNT_MAX
+            && crc_count == crc_count_of(data_bytes, crc_block_bytes)
+            && (kind == EntryKind::Chunk || data_bytes == 0)
+            && (kind != EntryKind::Chunk || chunk_index < chunk_count);
+        if !lengths_ok {
+            return None;
+        }
+        let mut offset = NAMES_OFFSET;
+        let bucket = block[offset..offset + bucket_len].to_vec();
+        offset += bucket_len;
+        let key = block[offset..offset + key_len].to_vec();
+        offset += key_len;
+        let data_crcs = (0..crc_count)
+            .map(|index| get_u32(block, offset + 4 * index))
+            .collect();
+        Some(EntryHeader {
+            kind,
+            flags: block[FLAGS_OFFSET],
+            chunk_index,
+            chunk_count,
+            data_bytes,
+            seq: get_u64(block, SEQ_OFFSET),
+            region_seq: get_u64(block, REGION_SEQ_OFFSET),
+            object_bytes: get_u64(block, OBJECT_BYTES_OFFSET),
+            etag: block[ETAG_OFFSET..ETAG_OFFSET + etag_len].to_vec(),
+            bucket,
+            key,
+            data_crcs,
+        })
+    }
+}
+
+fn crc_count_of(data_bytes: u32, crc_block_bytes: u32) -> usize {
+    crc_count(data_bytes as u64, crc_block_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> EntryHeader {
+        let data = vec![5u8; 150_000];
+        EntryHeader {
+            kind: EntryKind::Chunk,
+            flags: ENTRY_FLAG_DIRTY,
+            chunk_index: 2,
+            chunk_count: 3,
+            data_bytes: data.len() as u32,
+            seq: 77,
+            region_seq: 9,
+            object_bytes: 8_538_000,
+            etag: b"\"abc\"".to_vec(),
+            bucket: b"datasets".to_vec(),
+            key: "shards/train-0001.tar".as_bytes().to_vec(),
+            data_crcs: data_checksums(&data, 65536),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_rejects_damage() {
+        let header = sample();
+        let mut block = vec![0u8; BLOCK_BYTES];
+        header.encode_into(&mut block);
+        assert_eq!(EntryHeader::decode(&block, 65536), Some(header.clone()));
+        assert_eq!(header.entry_bytes(), 4096 + 151_552);
+        // The checksum count must agree with the store's geometry.
+        assert_eq!(EntryHeader::decode(&block, 4096), None);
+        for position in [0, 5, 30, NAMES_OFFSET + 3, 4000, 4093] {
+            let mut damaged = block.clone();
+            damaged[position] ^= 0x40;
+            assert_eq!(
+                EntryHeader::decode(&damaged, 65536),
+                None,
+                "flip at {position}"
+            );
+        }
+    }
+
+    #[test]
+    fn longest_names_and_most_checksums_fit() {
+        let mut header = sample();
+        header.bucket = vec![b'b'; BUCKET_BYTES_MAX];
+        header.key = vec![b'k'; KEY_BYTES_MAX];
+        header.data_crcs = vec![1; CRC_COUNT_MAX];
+        header.data_bytes = (CRC_COUNT_MAX * 4096) as u32;
+        let mut block = vec![0u8; BLOCK_BYTES];
+        header.encode_into(&mut block);
+        assert_eq!(EntryHeader::decode(&block, 4096), Some(header));
+    }
+}

@@ -1,0 +1,64 @@
+//! The per-core runtime: one thread per shard, pinned to its core, running a single-threaded
+//! async executor whose only source of wake-ups is its own io_uring ring.
+//!
+//! - [`Reactor`] owns the ring and a table of in-flight operations. A buffer handed to the ring
+//!   is moved into that table and stays there until the completion arrives, whatever happens to
+//!   the future that asked for it (see [`op`]).
+//! - The executor polls ready tasks, submits everything they queued in one `io_uring_enter`, and
+//!   when nothing is ready sleeps inside `io_uring_enter` until a completion, a timer or a wake-up
+//!   from another thread (an eventfd read kept armed on the ring). It never spins.
+//! - In-flight I/O per shard is bounded by `io_depth_max`; an operation past the bound waits
+//!   before it is submitted.
+
+pub mod channel;
+mod executor;
+pub mod op;
+mod reactor;
+pub mod sync;
+pub mod time;
+
+pub use executor::{block_on, spawn, JoinHandle};
+pub use reactor::{Reactor, ReactorConfig, ReactorInfo};
+
+use std::future::Future;
+use std::io;
+
+/// Start a shard thread named `name`, optionally pinned to `cpu`, build its ring and run
+/// `main` on its executor until `main` completes. Other tasks still running then are dropped
+/// and every operation still in flight is reaped before the ring and its buffers go away.
+pub fn start_thread<F, Fut>(
+    name: String,
+    cpu: Option<usize>,
+    config: ReactorConfig,
+    main: F,
+) -> io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    std::thread::Builder::new().name(name).spawn(move || {
+        if let Some(cpu) = cpu {
+            pin_current_thread(cpu);
+        }
+        executor::run(config, main);
+    })
+}
+
+/// Pin the calling thread to one CPU. Failure (a restricted cpuset, for example) is logged and
+/// otherwise ignored: pinning is a performance hint, not a correctness requirement.
+fn pin_current_thread(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it, and
+    // sched_setaffinity reads exactly size_of::<cpu_set_t>() bytes from it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu % libc::CPU_SETSIZE as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        log::warn!(
+            "could not pin shard thread to cpu {cpu}: {}",
+            io::Error::last_os_error()
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! I/O operations as futures. Each one moves its buffer into the reactor's table of operations
+//! in flight; the buffer comes back with the result. If the future is dropped first, the table
+//! keeps the buffer until the kernel's completion arrives (see `Reactor::abandon_slot`).
+
+use std::future::Future;
+use std::io;
+use std::os::fd::RawFd;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use io_uring::{opcode, squeue, types};
+
+use super::executor::with_reactor;
+use super::reactor::Keep;
+use crate::buf::IoBuf;
+
+/// A file as the ring sees it: an index into the ring's registered files, or a plain fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileRef {
+    Fixed(u32),
+    Raw(RawFd),
+}
+
+enum State {
+    Unsubmitted(squeue::Entry, Keep),
+    Submitted(usize),
+    Finished,
+}
+
+/// One operation on the shard's ring.
+pub struct Op {
+    state: State,
+}
+
+impl Op {
+    fn new(entry: squeue::Entry, keep: Keep) -> Op {
+        Op {
+            state: State::Unsubmitted(entry, keep),
+        }
+    }
+}
+
+impl Future for Op {
+    type Output = (io::Result<u32>, Keep);
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match std::mem::replace(&mut self.state, State::Finished) {
+                State::Unsubmitted(entry, keep) => {
+                    match with_reactor(|reactor| reactor.try_submit(entry, keep, context.waker())) {
+                        Ok(index) => self.state = State::Submitted(index),
+                        Err((entry, keep)) => {
+                            self.state = State::Unsubmitted(entry, keep);
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                State::Submitted(index) => {
+                    match with_reactor(|reactor| reactor.poll_slot(index, context.waker())) {
+                        Some((result, keep)) => {
+                            let result = if result < 0 {
+                                Err(io::Error::from_raw_os_error(-result))
+                            } else {
+                                Ok(result as u32)
+                            };
+                            return Poll::Ready((result, keep));
+                        }
+                        None => {
+                            self.state = State::Submitted(index);
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                State::Finished => panic!("operation polled after completion"),
+            }
+        }
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        if let State::Submitted(index) = self.state {
+            with_reactor(|reactor| reactor.abandon_slot(index));
+        }
+    }
+}
+
+fn into_buf(keep: Keep) -> IoBuf {
+    match keep {
+        Keep::Buf(buf) => buf,
+        Keep::Nothing => unreachable!("a buffer operation came back without its buffer"),
+    }
+}
+
+/// Read `len` bytes at `offset` into the start of `buf`. On success the buffer's length is the
+/// number of bytes read (which may be short at the end of a file).
+pub async fn read_at(
+    file: FileRef,
+    mut buf: IoBuf,
+    offset: u64,
+    len: usize,
+) -> (io::Result<usize>, IoBuf) {
+    assert!(
+        len <= buf.capacity(),
+        "read of {len} bytes into a {}-byte buffer",
+        buf.capacity()
+    );
+    let pointer = buf.as_mut_ptr();
+    let length = u32::try_from(len).expect("one read is under 4 GiB");
+    let entry = match (file, buf.fixed_index()) {
+        (FileRef::Fixed(fixed), Some(index)) => {
+            opcode::ReadFixed::new(types::Fixed(fixed), pointer, length, index)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Raw(fd), Some(index)) => {
+            opcode::ReadFixed::new(types::Fd(fd), pointer, length, index)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Fixed(fixed), None) => opcode::Read::new(types::Fixed(fixed), pointer, length)
+            .offset(offset)
+            .build(),
+        (FileRef::Raw(fd), None) => opcode::Read::new(types::Fd(fd), pointer, length)
+            .offset(offset)
+            .build(),
+    };
+    let (result, keep) = Op::new(entry, Keep::Buf(buf)).await;
+    let mut buf = into_buf(keep);
+    match result {
+        Ok(read) => {
+            buf.set_len(read as usize);
+            (Ok(read as usize), buf)
+        }
+        Err(error) => (Err(error), buf),
+    }
+}
+
+/// Write the first `buf.len()` bytes of `buf` at `offset`. A short write is an error.
+pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>, IoBuf) {
+    let pointer = buf.as_ptr();
+    let length = u32::try_from(buf.len()).expect("one write is under 4 GiB");
+    let entry = match (file, buf.fixed_index()) {
+        (FileRef::Fixed(fixed), Some(index)) => {
+            opcode::WriteFixed::new(types::Fixed(fixed), pointer, length, index)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Raw(fd), Some(index)) => {
+            opcode::WriteFixed::new(types::Fd(fd), pointer, length, index)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Fixed(fixed), None) => opcode::Write::new(types::Fixed(fixed), pointer, length)
+            .offset(offset)
+            .build(),
+        (FileRef::Raw(fd), None) => opcode::Write::new(types::Fd(fd), pointer, length)
+            .offset(offset)
+            .build(),
+    };
+    let (result, keep) = Op::new(entry, Keep::Buf(buf)).await;
+    let buf = into_buf(keep);
+    let result = match result {
+        Ok(written) if written == length => Ok(()),
+        Ok(written) => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("short write: {written} of {length} bytes at offset {offset}"),
+        )),
+        Err(error) => Err(error),
+    };
+    (result, buf)
+}
+
+/// Make every completed write to `file` durable (fdatasync).
+pub async fn sync_data(file: FileRef) -> io::Result<()> {
+    let entry = match file {
+        FileRef::Fixed(fixed) => opcode::Fsync::new(types::Fixed(fixed)),
+        FileRef::Raw(fd) => opcode::Fsync::new(types::Fd(fd)),
+    }
+    .flags(types::FsyncFlags::DATASYNC)
+    .build();
+    Op::new(entry, Keep::Nothing).await.0.map(|_| ())
+}

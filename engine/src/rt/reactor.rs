@@ -1,0 +1,458 @@
+//! The reactor: one io_uring ring per shard thread and the table of operations in flight on it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::buf::IoBuf;
+
+/// Settings of one reactor; every field has a documented default in [`ReactorConfig::default`].
+#[derive(Clone, Debug)]
+pub struct ReactorConfig {
+    /// Submission queue entries. Must exceed `io_depth_max` plus the few internal operations.
+    pub ring_entries: u32,
+    /// Most device and socket operations in flight on this ring at once. Block devices queue
+    /// 32–64 requests; more only adds latency.
+    pub io_depth_max: usize,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            ring_entries: 256,
+            io_depth_max: 64,
+        }
+    }
+}
+
+/// What the ring turned out to support, for stats and logs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReactorInfo {
+    /// The ring was created with `DEFER_TASKRUN` + `SINGLE_ISSUER`.
+    pub defer_taskrun: bool,
+}
+
+/// What the ring holds on behalf of an operation until its completion arrives: the memory the
+/// kernel reads from or writes into.
+pub enum Keep {
+    Nothing,
+    Buf(IoBuf),
+}
+
+enum SlotState {
+    /// Submitted; the waker (if any) is woken by the completion.
+    Waiting(Option<Waker>),
+    /// The completion arrived with this result.
+    Done(i32),
+    /// The future that asked was dropped; the slot (and its `Keep`) is freed by the completion.
+    Abandoned,
+}
+
+struct Slot {
+    state: SlotState,
+    keep: Keep,
+}
+
+/// The user_data tag of the eventfd read that wakes the reactor from other threads.
+const EVENTFD_TAG: u64 = u64::MAX;
+/// The user_data tag of cancellations issued while shutting down; their completions carry no
+/// slot.
+const CANCEL_TAG: u64 = u64::MAX - 1;
+
+/// Cross-thread wake-up: other threads write the eventfd, whose read is kept armed on the ring.
+pub(crate) struct RemoteWake {
+    eventfd: OwnedFd,
+    /// Set by the first waker after the reactor last consumed a notification, so that a burst of
+    /// cross-thread wakes costs one eventfd write.
+    notified: AtomicBool,
+}
+
+impl RemoteWake {
+    fn new() -> io::Result<RemoteWake> {
+        // SAFETY: eventfd has no memory arguments; a non-negative result is a new fd we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(RemoteWake {
+            // SAFETY: fd was just returned by eventfd and nothing else owns it.
+            eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            notified: AtomicBool::new(false),
+        })
+    }
+
+    /// Wake the reactor's thread if it may be sleeping.
+    pub(crate) fn notify(&self) {
+        if self.notified.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an fd we own.
+        let written = unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        // EAGAIN means the counter is saturated, which still wakes the reader.
+        debug_assert!(
+            written == 8 || io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+        );
+    }
+}
+
+pub struct Reactor {
+    ring: RefCell<IoUring>,
+    slots: RefCell<Vec<Option<Slot>>>,
+    free_slots: RefCell<Vec<usize>>,
+    in_flight: Cell<usize>,
+    io_depth_max: usize,
+    depth_waiters: RefCell<VecDeque<Waker>>,
+    timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
+    timer_sequence: Cell<u64>,
+    pub(crate) remote: std::sync::Arc<RemoteWake>,
+    eventfd_armed: Cell<bool>,
+    /// Where the armed eventfd read writes its 8 bytes; boxed so that its address is stable.
+    eventfd_buffer: Box<std::cell::UnsafeCell<u64>>,
+    info: ReactorInfo,
+}
+
+impl Reactor {
+    pub(crate) fn new(config: &ReactorConfig) -> io::Result<Reactor> {
+        assert!(config.io_depth_max > 0);
+        assert!(config.ring_entries as usize > config.io_depth_max + 2);
+        let (ring, defer_taskrun) = build_ring(config.ring_entries)?;
+        Ok(Reactor {
+            ring: RefCell::new(ring),
+            slots: RefCell::new(Vec::with_capacity(config.io_depth_max)),
+            free_slots: RefCell::new(Vec::new()),
+            in_flight: Cell::new(0),
+            io_depth_max: config.io_depth_max,
+            depth_waiters: RefCell::new(VecDeque::new()),
+            timers: RefCell::new(BTreeMap::new()),
+            timer_sequence: Cell::new(0),
+            remote: std::sync::Arc::new(RemoteWake::new()?),
+            eventfd_armed: Cell::new(false),
+            eventfd_buffer: Box::new(std::cell::UnsafeCell::new(0)),
+            info: ReactorInfo { defer_taskrun },
+        })
+    }
+
+    pub fn info(&self) -> ReactorInfo {
+        self.info
+    }
+
+    /// Operations submitted and not yet completed (abandoned ones included).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.get()
+    }
+
+    /// Register `buffers` as the ring's fixed buffers (indices in order).
+    ///
+    /// # Safety
+    /// Every iovec must describe memory that stays valid and is not unmapped for as long as the
+    /// ring exists.
+    pub(crate) unsafe fn register_buffers(&self, buffers: &[libc::iovec]) -> io::Result<()> {
+        self.ring.borrow().submitter().register_buffers(buffers)
+    }
+
+    /// Register files as the ring's fixed files (indices in order).
+    pub(crate) fn register_files(&self, fds: &[RawFd]) -> io::Result<()> {
+        self.ring.borrow().submitter().register_files(fds)
+    }
+
+    /// Queue `entry` if the in-flight bound allows; otherwise remember `waker` and hand the
+    /// entry back. On success `keep` belongs to the ring until the completion arrives.
+    pub(crate) fn try_submit(
+        &self,
+        entry: squeue::Entry,
+        keep: Keep,
+        waker: &Waker,
+    ) -> Result<usize, (squeue::Entry, Keep)> {
+        if self.in_flight.get() >= self.io_depth_max {
+            self.depth_waiters.borrow_mut().push_back(waker.clone());
+            return Err((entry, keep));
+        }
+        let slot = Slot {
+            state: SlotState::Waiting(Some(waker.clone())),
+            keep,
+        };
+        let index = match self.free_slots.borrow_mut().pop() {
+            Some(index) => {
+                self.slots.borrow_mut()[index] = Some(slot);
+                index
+            }
+            None => {
+                let mut slots = self.slots.borrow_mut();
+                slots.push(Some(slot));
+                slots.len() - 1
+            }
+        };
+        self.push_entry(entry.user_data(index as u64));
+        self.in_flight.set(self.in_flight.get() + 1);
+        Ok(index)
+    }
+
+    fn push_entry(&self, entry: squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        loop {
+            // SAFETY: every entry we queue points only at memory held in a slot's `Keep` (or at
+            // the reactor's own eventfd counter), which lives until the completion is reaped.
+            let pushed = unsafe { ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return;
+            }
+            // The submission queue is full: hand what is queued to the kernel and retry.
+            if let Err(error) = ring.submit() {
+                assert!(
+                    error.raw_os_error() == Some(libc::EBUSY)
+                        || error.raw_os_error() == Some(libc::EINTR),
+                    "io_uring submit failed: {error}"
+                );
+            }
+        }
+    }
+
+    /// Poll the completion of slot `index`. Returns the result and the kept resources once the
+    /// completion has arrived.
+    pub(crate) fn poll_slot(&self, index: usize, waker: &Waker) -> Option<(i32, Keep)> {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots[index].as_mut().expect("polled a free slot");
+        match &mut slot.state {
+            SlotState::Done(result) => {
+                let result = *result;
+                let slot = slots[index].take().expect("slot vanished");
+                self.free_slots.borrow_mut().push(index);
+                Some((result, slot.keep))
+            }
+            SlotState::Waiting(stored) => {
+                match stored {
+                    Some(existing) if existing.will_wake(waker) => {}
+                    _ => *stored = Some(waker.clone()),
+                }
+                None
+            }
+            SlotState::Abandoned => unreachable!("polled an abandoned slot"),
+        }
+    }
+
+    /// The future of slot `index` was dropped before its completion: the ring keeps the slot
+    /// (and the memory in it) until the completion arrives.
+    pub(crate) fn abandon_slot(&self, index: usize) {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots[index].as_mut().expect("abandoned a free slot");
+        match slot.state {
+            SlotState::Done(_) => {
+                slots[index] = None;
+                self.free_slots.borrow_mut().push(index);
+            }
+            SlotState::Waiting(_) => slot.state = SlotState::Abandoned,
+            SlotState::Abandoned => unreachable!("abandoned twice"),
+        }
+    }
+
+    /// Add a timer that wakes `waker` at `deadline`; returns its id for [`Self::cancel_timer`].
+    pub(crate) fn add_timer(&self, deadline: Instant, waker: Waker) -> (Instant, u64) {
+        let sequence = self.timer_sequence.get();
+        self.timer_sequence.set(sequence + 1);
+        self.timers.borrow_mut().insert((deadline, sequence), waker);
+        (deadline, sequence)
+    }
+
+    pub(crate) fn cancel_timer(&self, id: (Instant, u64)) {
+        self.timers.borrow_mut().remove(&id);
+    }
+
+    pub(crate) fn timer_pending(&self, id: (Instant, u64)) -> bool {
+        self.timers.borrow().contains_key(&id)
+    }
+
+    /// Keep one read of the eventfd armed so that other threads can wake this one.
+    fn arm_eventfd(&self) {
+        if self.eventfd_armed.get() {
+            return;
+        }
+        // The kernel writes into `eventfd_buffer`, which lives as long as the reactor; `drain`
+        // waits for this read before the reactor goes away.
+        let entry = opcode::Read::new(
+            types::Fd(self.remote.eventfd.as_raw_fd()),
+            self.eventfd_buffer.get().cast(),
+            std::mem::size_of::<u64>() as u32,
+        )
+        .build()
+        .user_data(EVENTFD_TAG);
+        self.push_entry(entry);
+        self.eventfd_armed.set(true);
+    }
+
+    /// Submit what is queued and wait for completions: without blocking when `block` is false,
+    /// otherwise until a completion, the next timer or a remote wake. Then dispatch every
+    /// completion and fire due timers.
+    pub(crate) fn turn(&self, block: bool) {
+        self.arm_eventfd();
+        let deadline = self
+            .timers
+            .borrow()
+            .keys()
+            .next()
+            .map(|(deadline, _)| *deadline);
+        let result = {
+            let ring = self.ring.borrow();
+            let submitter = ring.submitter();
+            match (block, deadline) {
+                (false, _) => {
+                    // SAFETY: no argument structure is passed; GETEVENTS without a minimum only
+                    // runs deferred task work so that ready completions are posted.
+                    unsafe {
+                        submitter.enter::<libc::sigset_t>(
+                            ring_sq_len(&ring),
+                            0,
+                            io_uring::EnterFlags::GETEVENTS.bits(),
+                            None,
+                        )
+                    }
+                }
+                (true, None) => submitter.submit_and_wait(1),
+                (true, Some(deadline)) => {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    if wait.is_zero() {
+                        submitter.submit()
+                    } else {
+                        let timespec = timespec_of(wait);
+                        let args = types::SubmitArgs::new().timespec(&timespec);
+                        submitter.submit_with_args(1, &args)
+                    }
+                }
+            }
+        };
+        if let Err(error) = result {
+            match error.raw_os_error() {
+                Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) => {}
+                _ => panic!("io_uring_enter failed: {error}"),
+            }
+        }
+        self.reap();
+        self.fire_timers();
+    }
+
+    fn reap(&self) {
+        let mut completions: Vec<(u64, i32)> = Vec::new();
+        {
+            let mut ring = self.ring.borrow_mut();
+            for cqe in ring.completion() {
+                completions.push((cqe.user_data(), cqe.result()));
+            }
+        }
+        for (user_data, result) in completions {
+            match user_data {
+                EVENTFD_TAG => self.eventfd_completed(),
+                CANCEL_TAG => {}
+                index => self.slot_completed(index as usize, result),
+            }
+        }
+    }
+
+    fn eventfd_completed(&self) {
+        self.eventfd_armed.set(false);
+        // Reset before the executor drains its remote queue, so that a waker racing with the
+        // drain writes the eventfd again (see RemoteWake::notify).
+        self.remote.notified.store(false, Ordering::SeqCst);
+    }
+
+    fn slot_completed(&self, index: usize, result: i32) {
+        let waker = {
+            let mut slots = self.slots.borrow_mut();
+            let slot = slots[index].as_mut().expect("completion for a free slot");
+            match std::mem::replace(&mut slot.state, SlotState::Done(result)) {
+                SlotState::Waiting(waker) => waker,
+                SlotState::Abandoned => {
+                    slots[index] = None;
+                    self.free_slots.borrow_mut().push(index);
+                    None
+                }
+                SlotState::Done(_) => unreachable!("two completions for one slot"),
+            }
+        };
+        self.in_flight.set(self.in_flight.get() - 1);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
+            waiter.wake();
+        }
+    }
+
+    fn fire_timers(&self) {
+        let now = Instant::now();
+        loop {
+            let due = {
+                let mut timers = self.timers.borrow_mut();
+                match timers.first_key_value() {
+                    Some((key, _)) if key.0 <= now => timers.pop_first().map(|(_, waker)| waker),
+                    _ => None,
+                }
+            };
+            match due {
+                Some(waker) => waker.wake(),
+                None => return,
+            }
+        }
+    }
+
+    /// Cancel everything in flight and wait for every completion, so that no memory the kernel
+    /// may still touch is freed. Called once, when the shard stops.
+    pub(crate) fn drain(&self) {
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(CANCEL_TAG);
+        self.push_entry(cancel);
+        while self.in_flight.get() > 0 || self.eventfd_armed.get() {
+            if let Err(error) = self.ring.borrow().submitter().submit_and_wait(1) {
+                if error.raw_os_error() != Some(libc::EINTR) {
+                    panic!("io_uring_enter failed while draining: {error}");
+                }
+            }
+            self.reap();
+            if self.eventfd_armed.get() {
+                // The eventfd read may not be cancellable on every kernel: complete it by writing.
+                self.remote.notified.store(false, Ordering::SeqCst);
+                self.remote.notify();
+            }
+        }
+    }
+}
+
+fn ring_sq_len(ring: &IoUring) -> u32 {
+    // SAFETY: reading the length of the submission queue does not create aliasing entries; the
+    // queue is only pushed to through `push_entry`, which holds the RefCell borrow exclusively.
+    unsafe { ring.submission_shared().len() as u32 }
+}
+
+fn timespec_of(duration: Duration) -> types::Timespec {
+    types::Timespec::new()
+        .sec(duration.as_secs())
+        .nsec(duration.subsec_nanos())
+}
+
+/// Build a ring with DEFER_TASKRUN + SINGLE_ISSUER where the kernel has them, else a plain one.
+fn build_ring(entries: u32) -> io::Result<(IoUring, bool)> {
+    let deferred = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun()
+        .build(entries);
+    match deferred {
+        Ok(ring) => Ok((ring, true)),
+        Err(error) => {
+            log::info!("io_uring without DEFER_TASKRUN ({error}); using a plain ring");
+            Ok((IoUring::new(entries)?, false))
+        }
+    }
+}

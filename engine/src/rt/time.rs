@@ -1,0 +1,51 @@
+//! Timers on the shard's reactor: the reactor's wait in `io_uring_enter` ends at the earliest one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::executor::with_reactor;
+
+/// Completes once `duration` has passed. Only on a shard thread.
+pub fn sleep(duration: Duration) -> Sleep {
+    Sleep {
+        deadline: Instant::now() + duration,
+        timer: None,
+    }
+}
+
+pub struct Sleep {
+    deadline: Instant,
+    timer: Option<(Instant, u64)>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            if let Some(timer) = self.timer.take() {
+                with_reactor(|reactor| reactor.cancel_timer(timer));
+            }
+            return Poll::Ready(());
+        }
+        match self.timer {
+            Some(timer) if with_reactor(|reactor| reactor.timer_pending(timer)) => {}
+            _ => {
+                let deadline = self.deadline;
+                let waker = context.waker().clone();
+                self.timer = Some(with_reactor(|reactor| reactor.add_timer(deadline, waker)));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            with_reactor(|reactor| reactor.cancel_timer(timer));
+        }
+    }
+}
