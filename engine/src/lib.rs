@@ -12,3 +12,12 @@ pub mod format;
 pub mod rt;
 
 pub use error::{Error, ErrorKind, Result};
+mod engine;
+mod shard;
+pub mod store;
+
+pub use engine::{
+    Engine, EngineConfig, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
+    LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
+};
+pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};

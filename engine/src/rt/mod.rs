@@ -17,6 +17,7 @@ mod reactor;
 pub mod sync;
 pub mod time;
 
+pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
 pub use reactor::{Reactor, ReactorConfig, ReactorInfo};
 

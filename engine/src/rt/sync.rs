@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
+use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 /// Tasks waiting for a condition that another task will announce with [`WaitQueue::wake_all`].
@@ -99,6 +100,28 @@ impl Semaphore {
 
     pub fn available(&self) -> usize {
         self.permits.get()
+    }
+
+    /// Like `acquire`, with a permit that owns a handle to the semaphore (for spawned tasks).
+    pub async fn acquire_owned(self: &Rc<Self>) -> OwnedPermit {
+        while self.permits.get() == 0 {
+            self.queue.wait().await;
+        }
+        self.permits.set(self.permits.get() - 1);
+        OwnedPermit {
+            semaphore: self.clone(),
+        }
+    }
+}
+
+pub struct OwnedPermit {
+    semaphore: Rc<Semaphore>,
+}
+
+impl Drop for OwnedPermit {
+    fn drop(&mut self) {
+        self.semaphore.permits.set(self.semaphore.permits.get() + 1);
+        self.semaphore.queue.wake_all();
     }
 }
 

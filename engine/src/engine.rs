@@ -1,0 +1,716 @@
+//! The front door: open the devices, check or write their superblocks, start one shard per core,
+//! and route every call to the shard that owns its key.
+
+use std::future::Future;
+use std::rc::Rc;
+
+use crate::device::{Device, DeviceConfig};
+use crate::format::{
+    Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
+    PLACEMENT_CRC32C, REGIONS_OFFSET_BYTES, REGION_BYTES_MAX, SUPERBLOCK_OFFSETS,
+};
+use crate::rt::channel;
+use crate::rt::ReactorConfig;
+use crate::shard::{self, Message, ShardHandle, ShardPlan};
+use crate::store::{ByteRange, Geometry, ObjectKey, ObjectMeta, ShardStats, Store};
+use crate::{Error, ErrorKind, Result};
+
+pub const REGION_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+pub const CHUNK_BYTES_DEFAULT: u32 = 4 * 1024 * 1024;
+pub const CRC_BLOCK_BYTES_DEFAULT: u32 = 64 * 1024;
+/// Each shard needs an open region plus the reserve kept for reclaim.
+const REGIONS_PER_SHARD_MIN: u64 = 3;
+/// Most objects one `list` call returns.
+pub const LIST_LIMIT_MAX: usize = 10_000;
+
+/// What to do with devices that do not already hold this store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatPolicy {
+    /// Format devices that are blank (created now, or all zeros where the superblocks go);
+    /// refuse devices holding anything else.
+    IfBlank,
+    /// Format every device, destroying what it holds.
+    Always,
+}
+
+/// How to open an engine. Every option has a default (see `EngineConfig::new`).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub devices: Vec<DeviceConfig>,
+    /// Shards (threads, one per core). Default: as formatted, or the number of CPUs for a new
+    /// store.
+    pub shards: Option<usize>,
+    /// Region size. Default: as formatted, or 64 MiB.
+    pub region_bytes: Option<u64>,
+    /// Objects larger than this are stored in chunks of this size. Default: as formatted, or
+    /// 4 MiB.
+    pub chunk_bytes: Option<u32>,
+    /// Data is checksummed in pieces of this size, so a range read verifies only what it reads.
+    /// Default: as formatted, or 64 KiB.
+    pub crc_block_bytes: Option<u32>,
+    pub format: FormatPolicy,
+    /// Pinned buffer memory per shard. Default 64 MiB.
+    pub arena_bytes: usize,
+    /// Device operations in flight per shard. Default 64.
+    pub io_depth_max: usize,
+    /// Requests queued for one shard before senders wait. Default 1024.
+    pub inbox_requests_max: usize,
+    /// Requests one shard works on at once. Default 256.
+    pub requests_in_flight_max: usize,
+    /// The largest object a put accepts. Default 1 GiB.
+    pub object_bytes_max: u64,
+    /// Pin shard threads to cores. Default true.
+    pub pin_threads: bool,
+}
+
+impl EngineConfig {
+    pub fn new(devices: Vec<DeviceConfig>) -> EngineConfig {
+        EngineConfig {
+            devices,
+            shards: None,
+            region_bytes: None,
+            chunk_bytes: None,
+            crc_block_bytes: None,
+            format: FormatPolicy::IfBlank,
+            arena_bytes: 64 * 1024 * 1024,
+            io_depth_max: 64,
+            inbox_requests_max: 1024,
+            requests_in_flight_max: 256,
+            object_bytes_max: 1 << 30,
+            pin_threads: true,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let invalid = |message: String| Err(Error::new(ErrorKind::InvalidConfig, message));
+        if self.devices.is_empty() {
+            return invalid("at least one device is needed".into());
+        }
+        if let Some(shards) = self.shards {
+            if shards == 0 || shards > 1024 {
+                return invalid(format!("shards must be 1-1024, not {shards}"));
+            }
+        }
+        if let Some(region_bytes) = self.region_bytes {
+            if !(1 << 20..=REGION_BYTES_MAX).contains(&region_bytes)
+                || region_bytes % BLOCK_BYTES as u64 != 0
+            {
+                return invalid(format!(
+                    "region size {region_bytes} must be a multiple of 4 KiB between 1 MiB and {REGION_BYTES_MAX}"
+                ));
+            }
+        }
+        if let Some(chunk_bytes) = self.chunk_bytes {
+            if chunk_bytes < BLOCK_BYTES as u32
+                || chunk_bytes > CHUNK_BYTES_MAX
+                || chunk_bytes % BLOCK_BYTES as u32 != 0
+            {
+                return invalid(format!(
+                    "chunk size {chunk_bytes} must be a multiple of 4 KiB between 4 KiB and {CHUNK_BYTES_MAX}"
+                ));
+            }
+        }
+        if let Some(crc_block_bytes) = self.crc_block_bytes {
+            if crc_block_bytes < CRC_BLOCK_BYTES_MIN || !crc_block_bytes.is_power_of_two() {
+                return invalid(format!("checksum piece size {crc_block_bytes} must be a power of two of at least 4 KiB"));
+            }
+        }
+        if self.io_depth_max == 0 || self.io_depth_max > 4096 {
+            return invalid(format!(
+                "io_depth_max must be 1-4096, not {}",
+                self.io_depth_max
+            ));
+        }
+        if self.inbox_requests_max == 0 || self.requests_in_flight_max == 0 {
+            return invalid(
+                "inbox_requests_max and requests_in_flight_max must be positive".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The geometry to format with, from the configuration and the defaults.
+struct Layout {
+    shards: u32,
+    region_bytes: u64,
+    chunk_bytes: u32,
+    crc_block_bytes: u32,
+}
+
+impl Layout {
+    fn requested(config: &EngineConfig) -> Layout {
+        let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
+        Layout {
+            shards: config.shards.unwrap_or(cpus) as u32,
+            region_bytes: config.region_bytes.unwrap_or(REGION_BYTES_DEFAULT),
+            chunk_bytes: config.chunk_bytes.unwrap_or(CHUNK_BYTES_DEFAULT),
+            crc_block_bytes: config.crc_block_bytes.unwrap_or(CRC_BLOCK_BYTES_DEFAULT),
+        }
+    }
+
+    fn device_bytes_min(&self) -> u64 {
+        REGIONS_OFFSET_BYTES + REGIONS_PER_SHARD_MIN * self.shards as u64 * self.region_bytes
+    }
+
+    fn check(&self) -> Result<()> {
+        let checksums = self.chunk_bytes.div_ceil(self.crc_block_bytes) as usize;
+        let header_room = (BLOCK_BYTES
+            - 112
+            - 4
+            - crate::format::BUCKET_BYTES_MAX
+            - crate::format::KEY_BYTES_MAX)
+            / 4;
+        if checksums > header_room {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a {}-byte chunk in {}-byte checksum pieces needs {checksums} checksums; an entry header holds {header_room}",
+                    self.chunk_bytes, self.crc_block_bytes
+                ),
+            ));
+        }
+        // A region holds its header and at least one entry of the largest size.
+        if self.region_bytes < self.chunk_bytes as u64 + 2 * BLOCK_BYTES as u64 {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a region of {} bytes cannot hold a chunk of {} bytes with its headers",
+                    self.region_bytes, self.chunk_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a device's superblocks say.
+enum DeviceState {
+    Blank,
+    Formatted(Superblock),
+}
+
+fn read_device_state(device: &Device) -> Result<DeviceState> {
+    if device.created() {
+        return Ok(DeviceState::Blank);
+    }
+    let mut problems = Vec::new();
+    let mut found: Option<Superblock> = None;
+    for offset in SUPERBLOCK_OFFSETS {
+        match Superblock::decode(&device.read_at(offset, BLOCK_BYTES)?) {
+            Ok(superblock) => {
+                if found.is_none() {
+                    found = Some(superblock);
+                }
+            }
+            Err(problem) => problems.push(problem),
+        }
+    }
+    if let Some(superblock) = found {
+        if !problems.is_empty() {
+            log::warn!(
+                "{}: one superblock copy is damaged; using the other",
+                device.path().display()
+            );
+        }
+        return Ok(DeviceState::Formatted(superblock));
+    }
+    let path = device.path().display();
+    if problems
+        .iter()
+        .all(|problem| *problem == SuperblockProblem::Blank)
+    {
+        let head = device.read_at(0, REGIONS_OFFSET_BYTES as usize)?;
+        if head.iter().all(|&byte| byte == 0) {
+            return Ok(DeviceState::Blank);
+        }
+    }
+    if let Some(SuperblockProblem::Version(version)) = problems
+        .iter()
+        .find(|problem| matches!(problem, SuperblockProblem::Version(_)))
+    {
+        return Err(Error::new(
+            ErrorKind::GeometryMismatch,
+            format!("{path} holds a hydrant store of format version {version}, which this build does not read"),
+        ));
+    }
+    if problems.contains(&SuperblockProblem::Corrupt) {
+        return Err(Error::new(
+            ErrorKind::ChecksumMismatch,
+            format!("{path}: both hydrant superblock copies are damaged; format it to start over"),
+        ));
+    }
+    Err(Error::new(
+        ErrorKind::ForeignDevice,
+        format!("{path} holds data that is not a hydrant store; refusing to overwrite it unless asked to format"),
+    ))
+}
+
+fn random_uuid() -> [u8; 16] {
+    let mut uuid = [0u8; 16];
+    // SAFETY: getrandom writes at most 16 bytes into the array.
+    let filled = unsafe { libc::getrandom(uuid.as_mut_ptr().cast(), uuid.len(), 0) };
+    if filled != uuid.len() as isize {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        uuid = (nanos ^ ((std::process::id() as u128) << 64)).to_le_bytes();
+    }
+    uuid
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// Check that a formatted device set matches itself and the explicit configuration.
+fn check_formatted(
+    config: &EngineConfig,
+    devices: &[Device],
+    superblocks: &[Superblock],
+) -> Result<()> {
+    let first = &superblocks[0];
+    let mismatch = |message: String| Err(Error::new(ErrorKind::GeometryMismatch, message));
+    for (position, (device, superblock)) in devices.iter().zip(superblocks).enumerate() {
+        let path = device.path().display();
+        if superblock.set_uuid != first.set_uuid
+            || superblock.device_count as usize != devices.len()
+        {
+            return mismatch(format!(
+                "{path} belongs to another device set (formatted as {} of {} devices); give the devices of one store, in order",
+                superblock.device_index + 1,
+                superblock.device_count
+            ));
+        }
+        if superblock.device_index as usize != position {
+            return mismatch(format!(
+                "{path} is device {} of its store but was given as device {}; keep the order they were formatted in",
+                superblock.device_index + 1,
+                position + 1
+            ));
+        }
+        if superblock.device_bytes > device.bytes() {
+            return mismatch(format!(
+                "{path} was formatted with {} bytes but now has {}",
+                superblock.device_bytes,
+                device.bytes()
+            ));
+        }
+        if superblock.placement_hash != PLACEMENT_CRC32C {
+            return mismatch(format!(
+                "{path} uses placement hash {}, unknown to this build",
+                superblock.placement_hash
+            ));
+        }
+    }
+    let checks: [(&str, Option<u64>, u64); 4] = [
+        ("region size", config.region_bytes, first.region_bytes),
+        (
+            "shard count",
+            config.shards.map(|shards| shards as u64),
+            first.shard_count as u64,
+        ),
+        (
+            "chunk size",
+            config.chunk_bytes.map(u64::from),
+            first.chunk_bytes as u64,
+        ),
+        (
+            "checksum piece size",
+            config.crc_block_bytes.map(u64::from),
+            first.crc_block_bytes as u64,
+        ),
+    ];
+    for (name, requested, formatted) in checks {
+        if let Some(requested) = requested {
+            if requested != formatted {
+                return mismatch(format!(
+                    "{} was formatted with {name} {formatted}, not the {requested} asked for; \
+                     open it with {formatted} or format it again (which erases it)",
+                    devices[0].path().display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn format_devices(devices: &[Device], layout: &Layout) -> Result<Vec<Superblock>> {
+    let set_uuid = random_uuid();
+    let created_unix_ms = unix_ms();
+    let mut superblocks = Vec::with_capacity(devices.len());
+    for (position, device) in devices.iter().enumerate() {
+        let region_count = (device.bytes() - REGIONS_OFFSET_BYTES) / layout.region_bytes;
+        superblocks.push(Superblock {
+            device_bytes: device.bytes(),
+            region_bytes: layout.region_bytes,
+            regions_offset: REGIONS_OFFSET_BYTES,
+            region_count: region_count as u32,
+            shard_count: layout.shards,
+            chunk_bytes: layout.chunk_bytes,
+            crc_block_bytes: layout.crc_block_bytes,
+            placement_hash: PLACEMENT_CRC32C,
+            device_index: position as u32,
+            device_count: devices.len() as u32,
+            set_uuid,
+            created_unix_ms,
+        });
+    }
+    // Every check has passed before the first byte is written.
+    for (device, superblock) in devices.iter().zip(&superblocks) {
+        let block = superblock.encode();
+        for offset in SUPERBLOCK_OFFSETS {
+            device.write_durable(offset, &block)?;
+        }
+        log::info!(
+            "formatted {}: {} regions of {} bytes for {} shards",
+            device.path().display(),
+            superblock.region_count,
+            superblock.region_bytes,
+            superblock.shard_count
+        );
+    }
+    Ok(superblocks)
+}
+
+/// Regions of `shard` on each device: a contiguous share of every device.
+fn shard_regions(superblocks: &[Superblock], shard: u32) -> Vec<(u32, u32, u64)> {
+    let mut regions = Vec::new();
+    for (device, superblock) in superblocks.iter().enumerate() {
+        let count = superblock.region_count as u64;
+        let shards = superblock.shard_count as u64;
+        let first = shard as u64 * count / shards;
+        let end = (shard as u64 + 1) * count / shards;
+        for region_index in first..end {
+            let offset = superblock.regions_offset + region_index * superblock.region_bytes;
+            regions.push((device as u32, region_index as u32, offset));
+        }
+    }
+    regions
+}
+
+/// A running engine. Cheap to share between threads (`Arc<Engine>`); every call goes to the
+/// shard that owns its key and may be awaited from any executor or with `rt::block_on`.
+pub struct Engine {
+    shards: Vec<ShardHandle>,
+    devices: Vec<Device>,
+    geometry: Geometry,
+    object_bytes_max: u64,
+}
+
+impl Engine {
+    /// Open (and format, as the policy allows) the devices, recover every shard and start
+    /// serving.
+    pub fn open(config: EngineConfig) -> Result<Engine> {
+        config.validate()?;
+        let requested = Layout::requested(&config);
+        requested.check()?;
+        let devices = config
+            .devices
+            .iter()
+            .map(|device| {
+                // A new file is created only if it can hold the requested layout; an existing
+                // device is checked against its own geometry once its superblock is read.
+                let bytes_min = if device.path.exists() {
+                    REGIONS_OFFSET_BYTES + BLOCK_BYTES as u64
+                } else {
+                    requested.device_bytes_min()
+                };
+                Device::open(device, bytes_min)
+            })
+            .collect::<Result<Vec<Device>>>()?;
+        let states = match config.format {
+            FormatPolicy::Always => devices.iter().map(|_| DeviceState::Blank).collect(),
+            FormatPolicy::IfBlank => devices
+                .iter()
+                .map(read_device_state)
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let formatted: Vec<Superblock> = states
+            .iter()
+            .filter_map(|state| match state {
+                DeviceState::Formatted(superblock) => Some(superblock.clone()),
+                DeviceState::Blank => None,
+            })
+            .collect();
+        let superblocks = if config.format == FormatPolicy::Always || formatted.is_empty() {
+            for device in &devices {
+                if device.bytes() < requested.device_bytes_min() {
+                    return Err(Error::new(
+                        ErrorKind::DeviceTooSmall,
+                        format!(
+                            "{} is {} bytes; {} shards of {}-byte regions need at least {} bytes",
+                            device.path().display(),
+                            device.bytes(),
+                            requested.shards,
+                            requested.region_bytes,
+                            requested.device_bytes_min()
+                        ),
+                    ));
+                }
+            }
+            format_devices(&devices, &requested)?
+        } else if formatted.len() != devices.len() {
+            return Err(Error::new(
+                ErrorKind::GeometryMismatch,
+                "some devices hold a hydrant store and others are blank; give the devices the store was formatted with, or format them all",
+            ));
+        } else {
+            check_formatted(&config, &devices, &formatted)?;
+            formatted
+        };
+        let first = &superblocks[0];
+        let geometry = Geometry {
+            region_bytes: first.region_bytes,
+            chunk_bytes: first.chunk_bytes,
+            crc_block_bytes: first.crc_block_bytes,
+            set_uuid: first.set_uuid,
+        };
+        let mut engine = Engine {
+            shards: Vec::new(),
+            devices,
+            geometry: geometry.clone(),
+            object_bytes_max: config.object_bytes_max,
+        };
+        let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
+        let mut readiness = Vec::new();
+        for shard in 0..first.shard_count {
+            let (ready, ready_receiver) = channel::oneshot();
+            let plan = ShardPlan {
+                shard,
+                cpu: config.pin_threads.then_some(shard as usize % cpus),
+                geometry: geometry.clone(),
+                regions: shard_regions(&superblocks, shard),
+                device_fds: engine.devices.iter().map(Device::raw_fd).collect(),
+                arena_bytes: config.arena_bytes,
+                reactor: ReactorConfig {
+                    ring_entries: (config.io_depth_max as u32 * 2 + 8).next_power_of_two(),
+                    io_depth_max: config.io_depth_max,
+                },
+                requests_in_flight_max: config.requests_in_flight_max,
+            };
+            engine
+                .shards
+                .push(shard::start(plan, config.inbox_requests_max, ready)?);
+            readiness.push(ready_receiver);
+        }
+        for ready in readiness {
+            match crate::rt::block_on(ready) {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => return Err(error),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        "a shard thread stopped while opening (see the log: io_uring unavailable?)",
+                    ))
+                }
+            }
+        }
+        Ok(engine)
+    }
+
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The shard that owns `key`.
+    pub fn shard_of(&self, key: &ObjectKey) -> usize {
+        crate::format::shard_of(key.bucket_bytes(), key.key_bytes(), self.shards.len())
+    }
+
+    /// Run `call` on shard `shard` with its store, and return its result to the caller's thread.
+    pub fn on_shard<T, F, Fut>(
+        &self,
+        shard: usize,
+        call: F,
+    ) -> impl Future<Output = Result<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + 'static,
+    {
+        let (reply, answer) = channel::oneshot();
+        let message = Message::Call(Box::new(move |store, permit| {
+            crate::rt::spawn(async move {
+                let result = call(store).await;
+                drop(permit);
+                reply.send(result);
+            });
+        }));
+        let inbox = self.shards[shard].inbox.clone();
+        async move {
+            if inbox.send(message).await.is_err() {
+                return Err(shard::shard_gone());
+            }
+            answer.await.unwrap_or_else(|_| Err(shard::shard_gone()))
+        }
+    }
+
+    /// Store `data` as `bucket/key`; returns once it is durable.
+    pub fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
+        self.put_with(bucket, key, data, false)
+    }
+
+    /// Like `put`; `dirty` pins the object until it is written back to the origin.
+    pub fn put_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: Vec<u8>,
+        dirty: bool,
+    ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
+        let checked = ObjectKey::new(bucket, key).and_then(|key| {
+            if data.len() as u64 > self.object_bytes_max {
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "an object is at most {} bytes; this one is {}",
+                        self.object_bytes_max,
+                        data.len()
+                    ),
+                ));
+            }
+            Ok(key)
+        });
+        let call = checked.map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(shard, move |store| async move {
+                store.put(key, &data, dirty).await
+            })
+        });
+        async move { call?.await }
+    }
+
+    /// The object's bytes (whole, or `range`), or `None` when it is not stored.
+    pub fn get(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<(ObjectMeta, Vec<u8>)>>> + Send + 'static {
+        let call = ObjectKey::new(bucket, key).map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(shard, move |store| async move {
+                let read = store.get(&key, range).await?;
+                Ok(read.map(|read| {
+                    let data = read.to_vec();
+                    (read.meta, data)
+                }))
+            })
+        });
+        async move { call?.await }
+    }
+
+    pub fn head(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>>> + Send + 'static {
+        let call = ObjectKey::new(bucket, key).map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(shard, move |store| async move { Ok(store.head(&key)) })
+        });
+        async move { call?.await }
+    }
+
+    /// Delete `bucket/key`; returns whether it was stored.
+    pub fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<bool>> + Send + 'static {
+        let call = ObjectKey::new(bucket, key).map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(shard, move |store| async move { store.delete(key).await })
+        });
+        async move { call?.await }
+    }
+
+    /// Up to `limit` (at most LIST_LIMIT_MAX) objects of `bucket` whose keys start with
+    /// `prefix`, in key order, after `start_after` (for paging).
+    pub fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ObjectMeta>>> + Send + 'static {
+        let limit = limit.min(LIST_LIMIT_MAX);
+        let keys = ObjectKey::prefix(bucket, prefix).and_then(|prefix_key| {
+            let after = start_after
+                .map(|after| ObjectKey::new(bucket, after))
+                .transpose()?;
+            Ok((prefix_key, after))
+        });
+        let calls = keys.map(|(prefix_key, after)| {
+            (0..self.shards.len())
+                .map(|shard| {
+                    let prefix_key = prefix_key.clone();
+                    let after = after.clone();
+                    self.on_shard(shard, move |store| async move {
+                        Ok(store.list(&prefix_key, after.as_ref(), limit))
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        async move {
+            let mut merged = Vec::new();
+            for call in calls? {
+                merged.extend(call.await?);
+            }
+            merged.sort_by(|left, right| left.key.cmp(&right.key));
+            merged.truncate(limit);
+            Ok(merged)
+        }
+    }
+
+    /// Every shard's state and counters.
+    pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
+        let calls: Vec<_> = (0..self.shards.len())
+            .map(|shard| self.on_shard(shard, |store| async move { Ok(store.stats()) }))
+            .collect();
+        async move {
+            let mut stats = Vec::with_capacity(calls.len());
+            for call in calls {
+                stats.push(call.await?);
+            }
+            Ok(stats)
+        }
+    }
+
+    /// Stop every shard after the requests in flight finish. Everything acknowledged is already
+    /// durable, so there is nothing else to write.
+    pub fn close(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for shard in &self.shards {
+            let _ = crate::rt::block_on(shard.inbox.send(Message::Stop));
+        }
+        for shard in &mut self.shards {
+            if let Some(thread) = shard.thread.take() {
+                if thread.join().is_err() {
+                    log::error!("a shard thread panicked");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

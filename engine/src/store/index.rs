@@ -1,0 +1,345 @@
+//! The in-memory index of one shard: (bucket, key) → the newest version's chunk locations.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::format::{BUCKET_BYTES_MAX, KEY_BYTES_MAX};
+use crate::{Error, ErrorKind, Result};
+
+/// A bucket and key, stored as `bucket 0x00 key` so that byte order sorts by bucket, then key,
+/// and a prefix of a key is a prefix of the stored bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey(Box<[u8]>);
+
+impl ObjectKey {
+    /// Validate and join. A bucket is 1–63 bytes of `a-z 0-9 . - _`; a key is 1–1024 bytes of
+    /// UTF-8 without NUL.
+    pub fn new(bucket: &str, key: &str) -> Result<ObjectKey> {
+        validate_bucket(bucket)?;
+        if key.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                "an object key cannot be empty",
+            ));
+        }
+        if key.len() > KEY_BYTES_MAX {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                format!(
+                    "an object key is at most {KEY_BYTES_MAX} bytes; this one is {}",
+                    key.len()
+                ),
+            ));
+        }
+        if key.contains('\0') {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                "an object key cannot contain a NUL byte",
+            ));
+        }
+        Ok(Self::join(bucket, key))
+    }
+
+    /// A bucket and a prefix of keys (possibly empty), for listing.
+    pub fn prefix(bucket: &str, prefix: &str) -> Result<ObjectKey> {
+        validate_bucket(bucket)?;
+        if prefix.len() > KEY_BYTES_MAX {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                "a key prefix is at most 1024 bytes",
+            ));
+        }
+        Ok(Self::join(bucket, prefix))
+    }
+
+    fn join(bucket: &str, key: &str) -> ObjectKey {
+        let mut bytes = Vec::with_capacity(bucket.len() + 1 + key.len());
+        bytes.extend_from_slice(bucket.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(key.as_bytes());
+        ObjectKey(bytes.into_boxed_slice())
+    }
+
+    /// From the bytes of an entry header (already bounded by the format).
+    pub(crate) fn from_parts(bucket: &[u8], key: &[u8]) -> Option<ObjectKey> {
+        let bucket = std::str::from_utf8(bucket).ok()?;
+        let key = std::str::from_utf8(key).ok()?;
+        ObjectKey::new(bucket, key).ok()
+    }
+
+    fn split(&self) -> (&[u8], &[u8]) {
+        let zero = self
+            .0
+            .iter()
+            .position(|&byte| byte == 0)
+            .expect("joined key has a separator");
+        (&self.0[..zero], &self.0[zero + 1..])
+    }
+
+    pub fn bucket(&self) -> &str {
+        std::str::from_utf8(self.split().0).expect("validated UTF-8")
+    }
+
+    pub fn key(&self) -> &str {
+        std::str::from_utf8(self.split().1).expect("validated UTF-8")
+    }
+
+    pub fn bucket_bytes(&self) -> &[u8] {
+        self.split().0
+    }
+
+    pub fn key_bytes(&self) -> &[u8] {
+        self.split().1
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+fn validate_bucket(bucket: &str) -> Result<()> {
+    let valid_bytes = bucket
+        .bytes()
+        .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || b".-_".contains(&byte));
+    if bucket.is_empty() || bucket.len() > BUCKET_BYTES_MAX || !valid_bytes {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("bucket name {bucket:?} is not 1-{BUCKET_BYTES_MAX} characters of a-z, 0-9, '.', '-', '_'"),
+        ));
+    }
+    Ok(())
+}
+
+/// Where one chunk's entry lives: a region of this shard and a block within it, plus the
+/// CRC32C of the chunk's first data piece (the whole data for small chunks, which are then read
+/// and verified without their header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub region: u32,
+    pub block: u32,
+    pub first_crc: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chunks {
+    One(Location),
+    Many(Box<[Location]>),
+}
+
+impl Chunks {
+    pub fn get(&self, index: usize) -> Location {
+        match self {
+            Chunks::One(location) => {
+                assert_eq!(index, 0);
+                *location
+            }
+            Chunks::Many(locations) => locations[index],
+        }
+    }
+
+    pub fn set(&mut self, index: usize, location: Location) {
+        match self {
+            Chunks::One(existing) => {
+                assert_eq!(index, 0);
+                *existing = location;
+            }
+            Chunks::Many(locations) => locations[index] = location,
+        }
+    }
+
+    pub fn from_vec(mut locations: Vec<Location>) -> Chunks {
+        assert!(!locations.is_empty());
+        if locations.len() == 1 {
+            Chunks::One(locations.pop().expect("one location"))
+        } else {
+            Chunks::Many(locations.into_boxed_slice())
+        }
+    }
+}
+
+pub const RECORD_FLAG_DIRTY: u8 = 1;
+pub const RECORD_FLAG_VISITED: u8 = 2;
+
+/// The newest complete version of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRecord {
+    pub seq: u64,
+    pub bytes: u64,
+    pub flags: u8,
+    pub chunks: Chunks,
+}
+
+impl ObjectRecord {
+    pub fn dirty(&self) -> bool {
+        self.flags & RECORD_FLAG_DIRTY != 0
+    }
+
+    pub fn visited(&self) -> bool {
+        self.flags & RECORD_FLAG_VISITED != 0
+    }
+}
+
+/// What the engine says about an object without reading its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub bucket: String,
+    pub key: String,
+    pub bytes: u64,
+    /// The version: the shard's sequence number of the put that wrote it.
+    pub seq: u64,
+    /// Not yet written back to the origin.
+    pub dirty: bool,
+}
+
+impl ObjectMeta {
+    pub(crate) fn of(key: &ObjectKey, record: &ObjectRecord) -> ObjectMeta {
+        ObjectMeta {
+            bucket: key.bucket().to_string(),
+            key: key.key().to_string(),
+            bytes: record.bytes,
+            seq: record.seq,
+            dirty: record.dirty(),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Index {
+    objects: BTreeMap<ObjectKey, ObjectRecord>,
+    bytes: u64,
+}
+
+impl Index {
+    pub fn get(&self, key: &ObjectKey) -> Option<&ObjectRecord> {
+        self.objects.get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &ObjectKey) -> Option<&mut ObjectRecord> {
+        self.objects.get_mut(key)
+    }
+
+    /// Install `record` unless a newer version is already indexed.
+    pub fn install(&mut self, key: ObjectKey, record: ObjectRecord) -> bool {
+        if let Some(existing) = self.objects.get(&key) {
+            if existing.seq >= record.seq {
+                return false;
+            }
+        }
+        self.bytes += record.bytes;
+        if let Some(replaced) = self.objects.insert(key, record) {
+            self.bytes -= replaced.bytes;
+        }
+        true
+    }
+
+    /// Remove the object if its indexed version is older than `seq` (or exactly `seq` when
+    /// `inclusive`).
+    pub fn remove_older(
+        &mut self,
+        key: &ObjectKey,
+        seq: u64,
+        inclusive: bool,
+    ) -> Option<ObjectRecord> {
+        let existing = self.objects.get(key)?;
+        if existing.seq < seq || (inclusive && existing.seq == seq) {
+            let removed = self.objects.remove(key)?;
+            self.bytes -= removed.bytes;
+            return Some(removed);
+        }
+        None
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Bytes of object data indexed.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Up to `limit` objects whose joined key starts with `prefix`, after `start_after`.
+    pub fn list(
+        &self,
+        prefix: &ObjectKey,
+        start_after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> Vec<ObjectMeta> {
+        let lower = match start_after {
+            Some(after) if after > prefix => Bound::Excluded(after.clone()),
+            _ => Bound::Included(prefix.clone()),
+        };
+        self.objects
+            .range((lower, Bound::Unbounded))
+            .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
+            .take(limit)
+            .map(|(key, record)| ObjectMeta::of(key, record))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert_eq!(
+            ObjectKey::new("b", "").unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert_eq!(
+            ObjectKey::new("b", &"k".repeat(1025)).unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert_eq!(
+            ObjectKey::new("Bad", "k").unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert_eq!(
+            ObjectKey::new("", "k").unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        let key = ObjectKey::new("data-1", &"k".repeat(1024)).unwrap();
+        assert_eq!(key.bucket(), "data-1");
+        assert_eq!(key.key().len(), 1024);
+    }
+
+    #[test]
+    fn list_pages_within_a_prefix_and_bucket() {
+        let mut index = Index::default();
+        let location = Location {
+            region: 0,
+            block: 1,
+            first_crc: 0,
+        };
+        for (bucket, key) in [("a", "x/1"), ("a", "x/2"), ("a", "y/1"), ("ab", "x/3")] {
+            let record = ObjectRecord {
+                seq: 1,
+                bytes: 3,
+                flags: 0,
+                chunks: Chunks::One(location),
+            };
+            index.install(ObjectKey::new(bucket, key).unwrap(), record);
+        }
+        let prefix = ObjectKey::prefix("a", "x/").unwrap();
+        let first = index.list(&prefix, None, 1);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].key, "x/1");
+        let after = ObjectKey::new("a", "x/1").unwrap();
+        let rest = index.list(&prefix, Some(&after), 10);
+        assert_eq!(
+            rest.iter()
+                .map(|meta| meta.key.as_str())
+                .collect::<Vec<_>>(),
+            ["x/2"]
+        );
+        let whole_bucket = index.list(&ObjectKey::prefix("a", "").unwrap(), None, 10);
+        assert_eq!(whole_bucket.len(), 3, "bucket ab is not part of bucket a");
+        assert_eq!(index.bytes(), 12);
+    }
+}

@@ -1,0 +1,695 @@
+//! One shard's store: its regions on every device, the log written into them, the index of what
+//! they hold, and the read and write paths. Everything here runs on the shard's own thread.
+//!
+//! - `space`: which region is open for appends, which are sealed (oldest first) and free; opening
+//!   regions and reclaiming the oldest one.
+//! - `commit`: group commit (many writes, one fdatasync, then every acknowledgement).
+//! - `scan` and `recovery`: reading regions back and rebuilding the index.
+//! - `index`: (bucket, key) → newest complete version.
+
+mod commit;
+pub mod index;
+mod recovery;
+mod scan;
+mod space;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use crate::buf::{align_up, Arena, ArenaInfo, IoBuf};
+use crate::format::{data_checksums, EntryHeader, EntryKind, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
+use crate::rt::op::{read_at, sync_data, write_at, FileRef};
+use crate::rt::sync::{Section, WaitQueue};
+use crate::{Error, ErrorKind, Result};
+
+use commit::{Commit, CommitStep};
+use index::{Chunks, Index, Location, ObjectRecord, RECORD_FLAG_DIRTY, RECORD_FLAG_VISITED};
+pub use index::{ObjectKey, ObjectMeta};
+
+/// The geometry every shard of a store shares (from the superblock).
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub region_bytes: u64,
+    pub chunk_bytes: u32,
+    pub crc_block_bytes: u32,
+    pub set_uuid: [u8; 16],
+}
+
+/// Where one of this shard's regions lies.
+#[derive(Clone, Copy, Debug)]
+pub struct RegionPlace {
+    pub file: FileRef,
+    pub device: u32,
+    /// The region's index on its device.
+    pub region_index: u32,
+    /// Byte offset of the region on its device.
+    pub offset: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RegionState {
+    /// The sequence of the header it was last opened under; 0 while free.
+    region_seq: u64,
+    /// Reads in flight; a region is not reused until they finish.
+    readers: u32,
+    /// Writes allocated in the region and not yet completed.
+    writes_in_flight: u32,
+}
+
+/// A byte range of an object: `start` up to `end` (exclusive; `None` = to the end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+/// Part of an object's data, in a shard's buffer.
+pub struct ReadPart {
+    buf: IoBuf,
+    start: usize,
+    len: usize,
+}
+
+impl ReadPart {
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf.as_slice()[self.start..self.start + self.len]
+    }
+}
+
+/// The answer to a get: the object's metadata and the requested bytes, in parts.
+pub struct ObjectRead {
+    pub meta: ObjectMeta,
+    /// Offset in the object of the first byte returned.
+    pub start: u64,
+    pub parts: Vec<ReadPart>,
+}
+
+impl ObjectRead {
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|part| part.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut data = Vec::with_capacity(self.len());
+        for part in &self.parts {
+            data.extend_from_slice(part.bytes());
+        }
+        data
+    }
+}
+
+/// Counters of one shard since it was opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    pub puts: u64,
+    pub gets: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub deletes: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub evictions: u64,
+    pub relocations: u64,
+    pub reclaims: u64,
+    pub checksum_errors: u64,
+    /// Found while recovering: entry headers that failed their checksum and were skipped.
+    pub damaged_headers: u64,
+    /// Found while recovering: the tail region ended in an entry that was not fully written.
+    pub torn_tails: u64,
+}
+
+/// A shard's state, for stats.
+#[derive(Clone, Debug, Default)]
+pub struct ShardStats {
+    pub shard: u32,
+    pub objects: u64,
+    pub object_bytes: u64,
+    pub regions: u64,
+    pub regions_free: u64,
+    pub region_bytes: u64,
+    pub flushes: u64,
+    pub counters: Counters,
+    pub arena: ArenaInfo,
+    /// Why the store stopped accepting writes, if it did.
+    pub failure: Option<String>,
+}
+
+/// Free regions kept in reserve: reclaim starts when fewer remain, so that relocating the
+/// oldest region's live entries always has somewhere to go.
+const FREE_REGIONS_RESERVE: usize = 2;
+
+struct Log {
+    open: Option<usize>,
+    write_offset: u64,
+    /// Regions full of entries, oldest (lowest region_seq) first: reclaim takes the front.
+    sealed: VecDeque<usize>,
+    free: VecDeque<usize>,
+    next_region_seq: u64,
+}
+
+/// Everything one shard owns on its devices.
+pub struct Store {
+    shard: u32,
+    geometry: Geometry,
+    places: Vec<RegionPlace>,
+    /// One per device, for flushes.
+    files: Vec<FileRef>,
+    arena: Arena,
+    regions: RefCell<Vec<RegionState>>,
+    log: RefCell<Log>,
+    index: RefCell<Index>,
+    /// Writes in progress per key (the newest seq), so that reclaim does not move a version that
+    /// a pending write is about to supersede.
+    pending: RefCell<HashMap<ObjectKey, u64>>,
+    next_seq: Cell<u64>,
+    commit: Commit,
+    /// Orders allocation, region opening and reclaim.
+    allocation: Section,
+    reclaiming: Cell<bool>,
+    /// Woken when a region's readers or writes drain.
+    region_idle: WaitQueue,
+    failure: RefCell<Option<String>>,
+    counters: RefCell<Counters>,
+}
+
+/// What opening a shard's store needs.
+pub struct StoreParts {
+    pub shard: u32,
+    pub geometry: Geometry,
+    pub places: Vec<RegionPlace>,
+    pub files: Vec<FileRef>,
+    pub arena: Arena,
+}
+
+impl Store {
+    fn from_parts(parts: StoreParts) -> Store {
+        let region_count = parts.places.len();
+        assert!(region_count > FREE_REGIONS_RESERVE);
+        assert!(parts
+            .geometry
+            .region_bytes
+            .is_multiple_of(BLOCK_BYTES as u64));
+        Store {
+            shard: parts.shard,
+            geometry: parts.geometry,
+            places: parts.places,
+            files: parts.files,
+            arena: parts.arena,
+            regions: RefCell::new(vec![RegionState::default(); region_count]),
+            log: RefCell::new(Log {
+                open: None,
+                write_offset: 0,
+                sealed: VecDeque::new(),
+                free: (0..region_count).collect(),
+                next_region_seq: 1,
+            }),
+            index: RefCell::new(Index::default()),
+            pending: RefCell::new(HashMap::new()),
+            next_seq: Cell::new(1),
+            commit: Commit::new(),
+            allocation: Section::default(),
+            reclaiming: Cell::new(false),
+            region_idle: WaitQueue::new(),
+            failure: RefCell::new(None),
+            counters: RefCell::new(Counters::default()),
+        }
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    fn count(&self, update: impl FnOnce(&mut Counters)) {
+        update(&mut self.counters.borrow_mut());
+    }
+
+    /// Refuse writes after an I/O error until the store is reopened.
+    fn writable(&self) -> Result<()> {
+        match &*self.failure.borrow() {
+            None => Ok(()),
+            Some(reason) => Err(Error::new(
+                ErrorKind::StoreFailed,
+                format!("shard {} stopped accepting writes after an I/O error ({reason}); reopen the store", self.shard),
+            )),
+        }
+    }
+
+    fn fail(&self, context: String, error: std::io::Error) -> Error {
+        let error = Error::io(context, error);
+        log::error!(
+            "shard {}: {error}; refusing writes until reopened",
+            self.shard
+        );
+        self.failure
+            .borrow_mut()
+            .get_or_insert_with(|| error.to_string());
+        self.commit_wake();
+        error
+    }
+
+    fn commit_wake(&self) {
+        self.region_idle.wake_all();
+    }
+
+    fn take_seq(&self) -> u64 {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        seq
+    }
+
+    fn file_of(&self, region: usize) -> FileRef {
+        self.places[region].file
+    }
+
+    /// Byte offset on its device of block `block` of `region`.
+    fn device_offset(&self, region: usize, block: u64) -> u64 {
+        self.places[region].offset + block * BLOCK_BYTES as u64
+    }
+
+    // ----- reads -----
+
+    /// The object's metadata, without reading its data.
+    pub fn head(&self, key: &ObjectKey) -> Option<ObjectMeta> {
+        self.index
+            .borrow()
+            .get(key)
+            .map(|record| ObjectMeta::of(key, record))
+    }
+
+    /// Up to `limit` objects of a bucket whose keys start with a prefix, in key order, after
+    /// `start_after`.
+    pub fn list(
+        &self,
+        prefix: &ObjectKey,
+        start_after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> Vec<ObjectMeta> {
+        self.index.borrow().list(prefix, start_after, limit)
+    }
+
+    /// Read an object, whole or a byte range. `None` when it is not stored.
+    pub async fn get(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+    ) -> Result<Option<ObjectRead>> {
+        self.count(|counters| counters.gets += 1);
+        let record = {
+            let mut index = self.index.borrow_mut();
+            match index.get_mut(key) {
+                Some(record) => {
+                    record.flags |= RECORD_FLAG_VISITED;
+                    record.clone()
+                }
+                None => {
+                    self.count(|counters| counters.misses += 1);
+                    return Ok(None);
+                }
+            }
+        };
+        let (start, end) = resolve_range(range, record.bytes)?;
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        let mut parts = Vec::new();
+        if start < end {
+            for chunk in start / chunk_bytes..=(end - 1) / chunk_bytes {
+                let chunk_start = chunk * chunk_bytes;
+                let data_bytes = chunk_bytes.min(record.bytes - chunk_start);
+                let want = (start.max(chunk_start) - chunk_start) as u32
+                    ..(end.min(chunk_start + data_bytes) - chunk_start) as u32;
+                parts.push(
+                    self.read_chunk(key, &record, chunk as usize, data_bytes as u32, want)
+                        .await?,
+                );
+            }
+        }
+        self.count(|counters| {
+            counters.hits += 1;
+            counters.bytes_read += end - start;
+        });
+        Ok(Some(ObjectRead {
+            meta: ObjectMeta::of(key, &record),
+            start,
+            parts,
+        }))
+    }
+
+    /// Read bytes `want` of one chunk and verify them. Small chunks are read without their
+    /// header (the index holds their checksum); larger ones with it, and only the checksummed
+    /// pieces that `want` touches.
+    async fn read_chunk(
+        &self,
+        key: &ObjectKey,
+        record: &ObjectRecord,
+        chunk: usize,
+        data_bytes: u32,
+        want: Range<u32>,
+    ) -> Result<ReadPart> {
+        let location = record.chunks.get(chunk);
+        let region = location.region as usize;
+        let entry_offset = self.device_offset(region, location.block as u64);
+        let file = self.file_of(region);
+        let _reader = RegionReader::new(self, region);
+        let piece_bytes = self.geometry.crc_block_bytes;
+        if data_bytes <= piece_bytes {
+            let len = align_up(data_bytes as usize);
+            let (result, buf) = read_at(
+                file,
+                self.arena.allocate(len),
+                entry_offset + BLOCK_BYTES as u64,
+                len,
+            )
+            .await;
+            self.check_read(result, len, region)?;
+            if crc32c::crc32c(&buf.as_slice()[..data_bytes as usize]) != location.first_crc {
+                return Err(self.checksum_failed(key, record, chunk, "data"));
+            }
+            return Ok(ReadPart {
+                buf,
+                start: want.start as usize,
+                len: want.len(),
+            });
+        }
+        let first_piece = want.start / piece_bytes;
+        let last_piece = (want.end - 1) / piece_bytes;
+        let span_start = first_piece * piece_bytes;
+        let span_end = data_bytes.min((last_piece + 1) * piece_bytes);
+        let span_len = align_up((span_end - span_start) as usize);
+        let (header_block, data, data_start) = if first_piece == 0 {
+            // Header and data are contiguous: one read.
+            let len = BLOCK_BYTES + span_len;
+            let (result, buf) = read_at(file, self.arena.allocate(len), entry_offset, len).await;
+            self.check_read(result, len, region)?;
+            (None, buf, BLOCK_BYTES)
+        } else {
+            let header_read = crate::rt::spawn(read_at(
+                file,
+                self.arena.allocate(BLOCK_BYTES),
+                entry_offset,
+                BLOCK_BYTES,
+            ));
+            let data_offset = entry_offset + (BLOCK_BYTES + span_start as usize) as u64;
+            let (result, buf) =
+                read_at(file, self.arena.allocate(span_len), data_offset, span_len).await;
+            let (header_result, header_buf) = header_read.await;
+            self.check_read(header_result, BLOCK_BYTES, region)?;
+            self.check_read(result, span_len, region)?;
+            (Some(header_buf), buf, 0)
+        };
+        let header_bytes = match &header_block {
+            Some(block) => block.as_slice(),
+            None => &data.as_slice()[..BLOCK_BYTES],
+        };
+        let header = EntryHeader::decode(header_bytes, piece_bytes)
+            .filter(|header| {
+                header.kind == EntryKind::Chunk
+                    && header.seq == record.seq
+                    && header.chunk_index as usize == chunk
+                    && header.data_bytes == data_bytes
+                    && header.bucket == key.bucket_bytes()
+                    && header.key == key.key_bytes()
+            })
+            .ok_or_else(|| self.checksum_failed(key, record, chunk, "entry header"))?;
+        let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
+        for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
+            let index = first_piece as usize + offset;
+            if crc32c::crc32c(piece) != header.data_crcs[index] {
+                return Err(self.checksum_failed(key, record, chunk, "data"));
+            }
+        }
+        Ok(ReadPart {
+            buf: data,
+            start: data_start + (want.start - span_start) as usize,
+            len: want.len(),
+        })
+    }
+
+    fn check_read(&self, result: std::io::Result<usize>, len: usize, region: usize) -> Result<()> {
+        match result {
+            Ok(read) if read >= len => Ok(()),
+            Ok(read) => Err(Error::new(
+                ErrorKind::Io,
+                format!("short read of region {region}: {read} of {len} bytes"),
+            )),
+            Err(error) => Err(Error::io(format!("read of region {region} failed"), error)),
+        }
+    }
+
+    /// A stored chunk does not match its checksum. A clean object is dropped from the index (the
+    /// next read is a miss, to be refilled from the origin); a dirty one is kept for inspection.
+    fn checksum_failed(
+        &self,
+        key: &ObjectKey,
+        record: &ObjectRecord,
+        chunk: usize,
+        what: &str,
+    ) -> Error {
+        self.count(|counters| counters.checksum_errors += 1);
+        let fate = if record.dirty() {
+            "kept for inspection"
+        } else {
+            self.index.borrow_mut().remove_older(key, record.seq, true);
+            "dropped from the cache"
+        };
+        let message = format!(
+            "{}/{} (version {}, chunk {chunk}): stored {what} does not match its checksum; {fate}",
+            key.bucket(),
+            key.key(),
+            record.seq
+        );
+        log::error!("shard {}: {message}", self.shard);
+        Error::new(ErrorKind::ChecksumMismatch, message)
+    }
+
+    // ----- writes -----
+
+    /// Store `data` as the new version of `key`; returns once it is durable on the device.
+    /// `dirty` pins it until it is written back to the origin.
+    pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
+        self.writable()?;
+        let seq = self.take_seq();
+        self.pending.borrow_mut().insert(key.clone(), seq);
+        let result = self.write_object(&key, data, seq, dirty).await;
+        self.pending_done(&key, seq);
+        let meta = result?;
+        self.count(|counters| {
+            counters.puts += 1;
+            counters.bytes_written += data.len() as u64;
+        });
+        Ok(meta)
+    }
+
+    async fn write_object(
+        &self,
+        key: &ObjectKey,
+        data: &[u8],
+        seq: u64,
+        dirty: bool,
+    ) -> Result<ObjectMeta> {
+        let chunk_bytes = self.geometry.chunk_bytes as usize;
+        let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
+        let flags = if dirty { ENTRY_FLAG_DIRTY } else { 0 };
+        let mut locations = Vec::with_capacity(chunk_count);
+        for chunk in 0..chunk_count {
+            let piece = &data[(chunk * chunk_bytes).min(data.len())
+                ..((chunk + 1) * chunk_bytes).min(data.len())];
+            let header = EntryHeader {
+                kind: EntryKind::Chunk,
+                flags,
+                chunk_index: chunk as u32,
+                chunk_count: chunk_count as u32,
+                data_bytes: piece.len() as u32,
+                seq,
+                region_seq: 0, // set once the entry has a place
+                object_bytes: data.len() as u64,
+                etag: Vec::new(),
+                bucket: key.bucket_bytes().to_vec(),
+                key: key.key_bytes().to_vec(),
+                data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
+            };
+            locations.push(self.write_entry(header, piece).await?);
+        }
+        self.make_durable().await?;
+        let record = ObjectRecord {
+            seq,
+            bytes: data.len() as u64,
+            flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
+            chunks: Chunks::from_vec(locations),
+        };
+        let meta = ObjectMeta::of(key, &record);
+        self.index.borrow_mut().install(key.clone(), record);
+        Ok(meta)
+    }
+
+    /// Delete `key`; returns whether it was stored. A tombstone is written (and made durable)
+    /// either way, so that no older copy on the device can come back after a restart.
+    pub async fn delete(&self, key: ObjectKey) -> Result<bool> {
+        self.writable()?;
+        let existed = self.index.borrow().get(&key).is_some();
+        let seq = self.take_seq();
+        self.pending.borrow_mut().insert(key.clone(), seq);
+        let header = EntryHeader {
+            kind: EntryKind::Tombstone,
+            flags: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            data_bytes: 0,
+            seq,
+            region_seq: 0,
+            object_bytes: 0,
+            etag: Vec::new(),
+            bucket: key.bucket_bytes().to_vec(),
+            key: key.key_bytes().to_vec(),
+            data_crcs: Vec::new(),
+        };
+        let result = async {
+            self.write_entry(header, &[]).await?;
+            self.make_durable().await
+        }
+        .await;
+        if result.is_ok() {
+            self.index.borrow_mut().remove_older(&key, seq, false);
+            self.count(|counters| counters.deletes += 1);
+        }
+        self.pending_done(&key, seq);
+        result.map(|()| existed)
+    }
+
+    fn pending_done(&self, key: &ObjectKey, seq: u64) {
+        let mut pending = self.pending.borrow_mut();
+        if pending.get(key) == Some(&seq) {
+            pending.remove(key);
+        }
+    }
+
+    /// Write one entry (header and data) into the log; returns where it went. Not yet durable.
+    async fn write_entry(&self, mut header: EntryHeader, data: &[u8]) -> Result<Location> {
+        let entry_bytes = header.entry_bytes() as usize;
+        let mut buf = self.arena.allocate(entry_bytes);
+        buf.set_len(entry_bytes);
+        {
+            let bytes = buf.as_mut_slice();
+            bytes[BLOCK_BYTES..BLOCK_BYTES + data.len()].copy_from_slice(data);
+            bytes[BLOCK_BYTES + data.len()..].fill(0);
+        }
+        let first_crc = header.data_crcs.first().copied().unwrap_or(0);
+        let place = self.allocate(entry_bytes as u64).await?;
+        header.region_seq = place.region_seq;
+        header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
+        self.write_placed(&place, buf).await?;
+        Ok(Location {
+            region: place.region as u32,
+            block: (place.offset / BLOCK_BYTES as u64) as u32,
+            first_crc,
+        })
+    }
+
+    /// Write `buf` where `allocate` placed it, then release the region's in-flight count.
+    async fn write_placed(&self, place: &space::Place, buf: IoBuf) -> Result<()> {
+        let file = self.file_of(place.region);
+        let offset = self.places[place.region].offset + place.offset;
+        let (result, _buf) = write_at(file, buf, offset).await;
+        {
+            let mut regions = self.regions.borrow_mut();
+            regions[place.region].writes_in_flight -= 1;
+            if regions[place.region].writes_in_flight == 0 {
+                self.region_idle.wake_all();
+            }
+        }
+        result.map_err(|error| {
+            self.fail(
+                format!("write to region {} at {}", place.region, place.offset),
+                error,
+            )
+        })
+    }
+
+    /// Wait until every write completed so far is durable (group commit).
+    async fn make_durable(&self) -> Result<()> {
+        let ticket = self.commit.ticket();
+        loop {
+            self.writable()?;
+            match self.commit.step(ticket) {
+                CommitStep::Durable => return Ok(()),
+                CommitStep::Wait => self.commit.wait().await,
+                CommitStep::Flush(turn) => {
+                    let mut result = Ok(());
+                    for file in &self.files {
+                        result = sync_data(*file).await;
+                        if result.is_err() {
+                            break;
+                        }
+                    }
+                    self.commit.finish(turn, result.is_ok());
+                    if let Err(error) = result {
+                        return Err(self.fail("flush".to_string(), error));
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        let index = self.index.borrow();
+        let log = self.log.borrow();
+        ShardStats {
+            shard: self.shard,
+            objects: index.len() as u64,
+            object_bytes: index.bytes(),
+            regions: self.places.len() as u64,
+            regions_free: log.free.len() as u64,
+            region_bytes: self.geometry.region_bytes,
+            flushes: self.commit.flushes(),
+            counters: *self.counters.borrow(),
+            arena: self.arena.info(),
+            failure: self.failure.borrow().clone(),
+        }
+    }
+}
+
+/// Counts a read in flight on a region for as long as it lives.
+struct RegionReader<'a> {
+    store: &'a Store,
+    region: usize,
+}
+
+impl<'a> RegionReader<'a> {
+    fn new(store: &'a Store, region: usize) -> RegionReader<'a> {
+        store.regions.borrow_mut()[region].readers += 1;
+        RegionReader { store, region }
+    }
+}
+
+impl Drop for RegionReader<'_> {
+    fn drop(&mut self) {
+        let mut regions = self.store.regions.borrow_mut();
+        regions[self.region].readers -= 1;
+        if regions[self.region].readers == 0 {
+            self.store.region_idle.wake_all();
+        }
+    }
+}
+
+/// Resolve a requested range against an object of `bytes`: the end is clamped to the object,
+/// a start past the end is an error.
+fn resolve_range(range: Option<ByteRange>, bytes: u64) -> Result<(u64, u64)> {
+    let Some(range) = range else {
+        return Ok((0, bytes));
+    };
+    let end = range.end.unwrap_or(bytes).min(bytes);
+    if range.start > bytes || range.end.is_some_and(|end| end < range.start) {
+        return Err(Error::new(
+            ErrorKind::InvalidRange,
+            format!(
+                "range {}-{} is outside an object of {bytes} bytes",
+                range.start,
+                range.end.map(|end| end.to_string()).unwrap_or_default()
+            ),
+        ));
+    }
+    Ok((range.start, end))
+}

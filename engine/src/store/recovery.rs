@@ -1,0 +1,223 @@
+//! Recovery: rebuild a shard's index and log from its regions.
+//!
+//! Region headers say which regions hold this shard's log and in what order (region_seq).
+//! Sealed regions are scanned trusting entry headers (their writes were all flushed before a
+//! newer region was opened); the newest region is scanned verifying every entry's data, and
+//! ends at the first entry that does not check out. A seal is then written at that end so that
+//! a later recovery never reads past it. For every key the newest version whose chunks are all
+//! present and that no newer tombstone deletes is indexed.
+
+use std::collections::HashMap;
+
+use crate::format::{EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
+use crate::rt::op::read_at;
+use crate::Result;
+
+use super::index::{Chunks, Index, Location, ObjectKey, ObjectRecord, RECORD_FLAG_DIRTY};
+use super::scan::ScanMode;
+use super::{Store, StoreParts};
+
+struct Candidate {
+    seq: u64,
+    bytes: u64,
+    dirty: bool,
+    chunks: Vec<Option<Location>>,
+}
+
+#[derive(Default)]
+struct KeyHistory {
+    versions: Vec<Candidate>,
+    tombstone: u64,
+}
+
+#[derive(Default)]
+struct IndexBuilder {
+    keys: HashMap<ObjectKey, KeyHistory>,
+    seq_max: u64,
+    inconsistent: u64,
+}
+
+impl IndexBuilder {
+    fn add(&mut self, region: usize, offset: u64, header: &EntryHeader, chunk_bytes: u32) {
+        let Some(key) = ObjectKey::from_parts(&header.bucket, &header.key) else {
+            self.inconsistent += 1;
+            return;
+        };
+        self.seq_max = self.seq_max.max(header.seq);
+        let history = self.keys.entry(key).or_default();
+        match header.kind {
+            EntryKind::Tombstone => history.tombstone = history.tombstone.max(header.seq),
+            EntryKind::Seal => {}
+            EntryKind::Chunk => {
+                let chunk_count = header.object_bytes.div_ceil(chunk_bytes as u64).max(1);
+                let chunk_start = header.chunk_index as u64 * chunk_bytes as u64;
+                let expected_bytes =
+                    (chunk_bytes as u64).min(header.object_bytes.saturating_sub(chunk_start));
+                if header.chunk_count as u64 != chunk_count
+                    || header.data_bytes as u64 != expected_bytes
+                {
+                    self.inconsistent += 1;
+                    return;
+                }
+                let position = history
+                    .versions
+                    .iter()
+                    .position(|version| version.seq == header.seq);
+                let version = match position {
+                    Some(position) => &mut history.versions[position],
+                    None => {
+                        history.versions.push(Candidate {
+                            seq: header.seq,
+                            bytes: header.object_bytes,
+                            dirty: header.flags & ENTRY_FLAG_DIRTY != 0,
+                            chunks: vec![None; chunk_count as usize],
+                        });
+                        history.versions.last_mut().expect("just pushed")
+                    }
+                };
+                if version.bytes != header.object_bytes {
+                    self.inconsistent += 1;
+                    return;
+                }
+                // Regions are scanned oldest first, so a relocated copy replaces the original.
+                version.chunks[header.chunk_index as usize] = Some(Location {
+                    region: region as u32,
+                    block: (offset / BLOCK_BYTES as u64) as u32,
+                    first_crc: header.data_crcs.first().copied().unwrap_or(0),
+                });
+            }
+        }
+    }
+
+    fn finish(self) -> Index {
+        let mut index = Index::default();
+        for (key, history) in self.keys {
+            let newest = history
+                .versions
+                .into_iter()
+                .filter(|version| {
+                    version.seq > history.tombstone && version.chunks.iter().all(Option::is_some)
+                })
+                .max_by_key(|version| version.seq);
+            if let Some(version) = newest {
+                let locations = version
+                    .chunks
+                    .into_iter()
+                    .map(|chunk| chunk.expect("complete"))
+                    .collect();
+                index.install(
+                    key,
+                    ObjectRecord {
+                        seq: version.seq,
+                        bytes: version.bytes,
+                        flags: if version.dirty { RECORD_FLAG_DIRTY } else { 0 },
+                        chunks: Chunks::from_vec(locations),
+                    },
+                );
+            }
+        }
+        index
+    }
+}
+
+impl Store {
+    /// Open a shard's store: recover its index and log from the device.
+    pub async fn open(parts: StoreParts) -> Result<Store> {
+        let store = Store::from_parts(parts);
+        store.recover().await?;
+        Ok(store)
+    }
+
+    async fn recover(&self) -> Result<()> {
+        let mut used: Vec<(u64, usize)> = Vec::new();
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        for region in 0..self.places.len() {
+            let (result, read_buf) = read_at(
+                self.file_of(region),
+                buf,
+                self.places[region].offset,
+                BLOCK_BYTES,
+            )
+            .await;
+            buf = read_buf;
+            self.check_read(result, BLOCK_BYTES, region)?;
+            let Some(header) = RegionHeader::decode(buf.as_slice()) else {
+                continue;
+            };
+            let ours = header.shard == self.shard
+                && header.set_uuid == self.geometry.set_uuid
+                && header.region_index == self.places[region].region_index
+                && header.region_seq > 0;
+            if ours {
+                used.push((header.region_seq, region));
+            }
+        }
+        used.sort_unstable();
+
+        let mut builder = IndexBuilder::default();
+        let mut tail_end = None;
+        for (position, &(region_seq, region)) in used.iter().enumerate() {
+            let newest = position + 1 == used.len();
+            let mode = if newest {
+                ScanMode::Tail
+            } else {
+                ScanMode::Sealed
+            };
+            let scan = self.scan_region(region, region_seq, mode).await?;
+            self.count(|counters| {
+                counters.damaged_headers += scan.damaged_headers;
+                counters.torn_tails += u64::from(scan.torn);
+            });
+            for entry in &scan.entries {
+                builder.add(
+                    region,
+                    entry.offset,
+                    &entry.header,
+                    self.geometry.chunk_bytes,
+                );
+            }
+            self.regions.borrow_mut()[region].region_seq = region_seq;
+            if newest {
+                tail_end = Some((region, region_seq, scan.end));
+            }
+        }
+        let seq_max = builder.seq_max;
+        if builder.inconsistent > 0 {
+            log::warn!(
+                "shard {}: skipped {} inconsistent entries while recovering",
+                self.shard,
+                builder.inconsistent
+            );
+        }
+        *self.index.borrow_mut() = builder.finish();
+        self.next_seq.set(seq_max + 1);
+        {
+            let mut log = self.log.borrow_mut();
+            log.sealed = used.iter().map(|&(_, region)| region).collect();
+            log.free = (0..self.places.len())
+                .filter(|region| !used.iter().any(|&(_, used_region)| used_region == *region))
+                .collect();
+            log.next_region_seq = used.last().map_or(1, |&(region_seq, _)| region_seq + 1);
+            log.open = None;
+        }
+        if let Some((region, region_seq, end)) = tail_end {
+            if end + BLOCK_BYTES as u64 <= self.geometry.region_bytes {
+                let mut buf = self.arena.allocate(BLOCK_BYTES);
+                buf.set_len(BLOCK_BYTES);
+                EntryHeader::seal(region_seq).encode_into(buf.as_mut_slice());
+                self.write_block(region, end, buf).await?;
+                self.make_durable().await?;
+            }
+        }
+        let stats = self.stats();
+        log::info!(
+            "shard {}: recovered {} objects ({} bytes) from {} regions; {} free",
+            self.shard,
+            stats.objects,
+            stats.object_bytes,
+            used.len(),
+            stats.regions_free
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,271 @@
+//! Space in the log: appends go to the open region; when it is full the next free region is opened, and
+//! when free regions run short the oldest sealed region is reclaimed.
+//!
+//! Two rules keep recovery simple and safe:
+//! - Before a new region is opened, every write to the previous one has completed and been
+//!   flushed. So only the newest region can hold a torn entry, and recovery verifies data only
+//!   there.
+//! - Regions are reclaimed strictly oldest first. Entries visited since they were written (and
+//!   every dirty entry) are rewritten into the open region; the rest are evicted. A tombstone can
+//!   be dropped when its region is reclaimed: any older version of its key was written before it
+//!   and so sits in this region or an older one, which are gone (versions superseded by a
+//!   pending write are never moved forward, see `pending`).
+
+use crate::buf::IoBuf;
+use crate::format::{EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES};
+use crate::rt::op::{read_at, write_at};
+use crate::{Error, ErrorKind, Result};
+
+use super::index::{ObjectKey, RECORD_FLAG_VISITED};
+use super::scan::ScanMode;
+use super::{Store, FREE_REGIONS_RESERVE};
+
+/// Where `allocate` put an entry. The region counts it as a write in flight until
+/// `Store::write_placed` completes.
+pub(crate) struct Place {
+    pub region: usize,
+    /// Byte offset within the region.
+    pub offset: u64,
+    pub region_seq: u64,
+}
+
+impl Store {
+    /// Reserve `bytes` at the end of the log.
+    pub(super) async fn allocate(&self, bytes: u64) -> Result<Place> {
+        let _section = self.allocation.enter().await;
+        self.allocate_in_section(bytes).await
+    }
+
+    /// `allocate`, for callers already inside the allocation section (reclaim).
+    async fn allocate_in_section(&self, bytes: u64) -> Result<Place> {
+        assert!(bytes <= self.geometry.region_bytes - BLOCK_BYTES as u64);
+        loop {
+            self.writable()?;
+            if let Some(place) = self.try_place(bytes) {
+                return Ok(place);
+            }
+            let short = self.log.borrow().free.len() < FREE_REGIONS_RESERVE;
+            if short && !self.reclaiming.get() {
+                self.reclaiming.set(true);
+                let result = self.reclaim_until_reserve().await;
+                self.reclaiming.set(false);
+                result?;
+                continue; // reclaim may have opened a region with room
+            }
+            self.open_next_region().await?;
+        }
+    }
+
+    fn try_place(&self, bytes: u64) -> Option<Place> {
+        let mut log = self.log.borrow_mut();
+        let open = log.open?;
+        if log.write_offset + bytes > self.geometry.region_bytes {
+            return None;
+        }
+        let place = Place {
+            region: open,
+            offset: log.write_offset,
+            region_seq: self.regions.borrow()[open].region_seq,
+        };
+        log.write_offset += bytes;
+        self.regions.borrow_mut()[open].writes_in_flight += 1;
+        Some(place)
+    }
+
+    /// Seal the open region (once its writes are complete and flushed) and open the next free
+    /// one under a new region header.
+    async fn open_next_region(&self) -> Result<()> {
+        let previous = self.log.borrow_mut().open.take();
+        if let Some(previous) = previous {
+            while self.regions.borrow()[previous].writes_in_flight > 0 {
+                self.region_idle.wait().await;
+            }
+            self.make_durable().await?;
+            self.log.borrow_mut().sealed.push_back(previous);
+        }
+        let next = self.log.borrow_mut().free.pop_front().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "shard {} has no region left to write into: every stored entry is pinned (dirty)",
+                    self.shard
+                ),
+            )
+        })?;
+        while self.regions.borrow()[next].readers > 0 {
+            self.region_idle.wait().await;
+        }
+        let region_seq = {
+            let mut log = self.log.borrow_mut();
+            let region_seq = log.next_region_seq;
+            log.next_region_seq += 1;
+            region_seq
+        };
+        let header = RegionHeader {
+            region_seq,
+            shard: self.shard,
+            region_index: self.places[next].region_index,
+            set_uuid: self.geometry.set_uuid,
+        };
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        buf.set_len(BLOCK_BYTES);
+        header.encode_into(buf.as_mut_slice());
+        if let Err(error) = self.write_block(next, 0, buf).await {
+            self.log.borrow_mut().free.push_front(next);
+            return Err(error);
+        }
+        self.regions.borrow_mut()[next].region_seq = region_seq;
+        let mut log = self.log.borrow_mut();
+        log.open = Some(next);
+        log.write_offset = BLOCK_BYTES as u64;
+        Ok(())
+    }
+
+    /// Write one block at `offset` of `region`, outside the allocation of entries.
+    pub(super) async fn write_block(&self, region: usize, offset: u64, buf: IoBuf) -> Result<()> {
+        let (result, _buf) = write_at(
+            self.file_of(region),
+            buf,
+            self.places[region].offset + offset,
+        )
+        .await;
+        result.map_err(|error| self.fail(format!("write to region {region} at {offset}"), error))
+    }
+
+    /// Reclaim the oldest sealed regions until the reserve of free regions is back, or until
+    /// every sealed region has been tried once.
+    async fn reclaim_until_reserve(&self) -> Result<()> {
+        let mut attempts = self.log.borrow().sealed.len();
+        while attempts > 0 && self.log.borrow().free.len() < FREE_REGIONS_RESERVE {
+            attempts -= 1;
+            let Some(victim) = self.log.borrow_mut().sealed.pop_front() else {
+                break;
+            };
+            if let Err(error) = self.reclaim_region(victim).await {
+                self.log.borrow_mut().sealed.push_front(victim);
+                return Err(error);
+            }
+            self.log.borrow_mut().free.push_back(victim);
+        }
+        Ok(())
+    }
+
+    /// Move what must stay out of `victim` and free it.
+    async fn reclaim_region(&self, victim: usize) -> Result<()> {
+        let region_seq = self.regions.borrow()[victim].region_seq;
+        let scan = self
+            .scan_region(victim, region_seq, ScanMode::Sealed)
+            .await?;
+        let mut relocated: Vec<ObjectKey> = Vec::new();
+        for entry in scan.entries {
+            if entry.header.kind != EntryKind::Chunk {
+                continue; // tombstones and seals die with their region
+            }
+            let Some(key) = ObjectKey::from_parts(&entry.header.bucket, &entry.header.key) else {
+                continue;
+            };
+            let block = (entry.offset / BLOCK_BYTES as u64) as u32;
+            let (live, keep) = {
+                let index = self.index.borrow();
+                match index.get(&key) {
+                    Some(record) if record.seq == entry.header.seq => {
+                        let location = record.chunks.get(entry.header.chunk_index as usize);
+                        let here = location.region as usize == victim && location.block == block;
+                        (here, record.dirty() || record.visited())
+                    }
+                    _ => (false, false),
+                }
+            };
+            if !live {
+                continue;
+            }
+            let superseded = self
+                .pending
+                .borrow()
+                .get(&key)
+                .is_some_and(|&pending| pending > entry.header.seq);
+            let moved = if keep && !superseded {
+                self.relocate(victim, entry.offset, entry.header.clone(), &key)
+                    .await?
+            } else {
+                false
+            };
+            if moved {
+                relocated.push(key);
+            } else {
+                self.index
+                    .borrow_mut()
+                    .remove_older(&key, entry.header.seq, true);
+                self.count(|counters| counters.evictions += 1);
+            }
+        }
+        {
+            let mut index = self.index.borrow_mut();
+            for key in relocated {
+                if let Some(record) = index.get_mut(&key) {
+                    record.flags &= !RECORD_FLAG_VISITED;
+                }
+            }
+        }
+        // Relocated copies must be durable before the victim's header is erased.
+        self.make_durable().await?;
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        buf.set_len(BLOCK_BYTES);
+        buf.as_mut_slice().fill(0);
+        self.write_block(victim, 0, buf).await?;
+        self.regions.borrow_mut()[victim].region_seq = 0;
+        self.count(|counters| counters.reclaims += 1);
+        Ok(())
+    }
+
+    /// Rewrite one live entry into the open region. Returns false when there is no room and the
+    /// entry is clean (the caller evicts it instead).
+    async fn relocate(
+        &self,
+        victim: usize,
+        offset: u64,
+        mut header: EntryHeader,
+        key: &ObjectKey,
+    ) -> Result<bool> {
+        let entry_bytes = header.entry_bytes() as usize;
+        let buf = self.arena.allocate(entry_bytes);
+        let (result, mut buf) = {
+            let _reader = super::RegionReader::new(self, victim);
+            read_at(
+                self.file_of(victim),
+                buf,
+                self.places[victim].offset + offset,
+                entry_bytes,
+            )
+            .await
+        };
+        self.check_read(result, entry_bytes, victim)?;
+        // Boxed: allocation may reclaim, and reclaim relocates (at most one level deep, since
+        // `reclaiming` stops a nested reclaim).
+        let place = match Box::pin(self.allocate_in_section(entry_bytes as u64)).await {
+            Ok(place) => place,
+            Err(error)
+                if error.kind() == ErrorKind::NoSpace
+                    && header.flags & crate::format::ENTRY_FLAG_DIRTY == 0 =>
+            {
+                return Ok(false);
+            }
+            Err(error) => return Err(error),
+        };
+        header.region_seq = place.region_seq;
+        header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
+        self.write_placed(&place, buf).await?;
+        let mut index = self.index.borrow_mut();
+        if let Some(record) = index.get_mut(key) {
+            if record.seq == header.seq {
+                let chunk = header.chunk_index as usize;
+                let mut location = record.chunks.get(chunk);
+                location.region = place.region as u32;
+                location.block = (place.offset / BLOCK_BYTES as u64) as u32;
+                record.chunks.set(chunk, location);
+            }
+        }
+        self.count(|counters| counters.relocations += 1);
+        Ok(true)
+    }
+}

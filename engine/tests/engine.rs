@@ -1,0 +1,360 @@
+//! The engine through its public API on real files opened with O_DIRECT: every operation,
+//! objects from 0 bytes to 64 MiB, one and two shards, reopening, and bad input.
+
+mod common;
+
+use common::{config, file_fingerprint, pattern, TempDir, MIB};
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::rt::block_on;
+use hydrant_engine::{ByteRange, Engine, EngineConfig, ErrorKind, FormatPolicy};
+
+const SIZES: [usize; 10] = [
+    0,
+    1,
+    4095,
+    4096,
+    65_537,
+    300_000,
+    4 * 1024 * 1024,
+    4 * 1024 * 1024 + 1,
+    9 * 1024 * 1024 + 12_345,
+    64 * 1024 * 1024,
+];
+
+fn key_of(size: usize) -> String {
+    format!("objects/size-{size}")
+}
+
+fn put_all(engine: &Engine) {
+    for (index, &size) in SIZES.iter().enumerate() {
+        let meta =
+            block_on(engine.put("data", &key_of(size), pattern(index as u64, size))).unwrap();
+        assert_eq!(meta.bytes, size as u64);
+        assert!(!meta.dirty);
+    }
+}
+
+fn check_all(engine: &Engine) {
+    for (index, &size) in SIZES.iter().enumerate() {
+        let expected = pattern(index as u64, size);
+        let (meta, data) = block_on(engine.get("data", &key_of(size), None))
+            .unwrap()
+            .expect("stored");
+        assert_eq!(meta.bytes, size as u64);
+        assert!(data == expected, "object of {size} bytes reads back intact");
+        let head = block_on(engine.head("data", &key_of(size)))
+            .unwrap()
+            .expect("head");
+        assert_eq!(head.bytes, size as u64);
+        // Ranges: the first byte, a window across a checksum piece and a chunk boundary, the tail.
+        let ranges = [
+            (0u64, 1u64),
+            (65_530, 65_550),
+            (4 * 1024 * 1024 - 10, 4 * 1024 * 1024 + 10),
+            (size as u64 / 2, size as u64),
+        ];
+        for (start, end) in ranges {
+            if start > size as u64 {
+                continue;
+            }
+            let range = ByteRange {
+                start,
+                end: Some(end),
+            };
+            let (_, data) = block_on(engine.get("data", &key_of(size), Some(range)))
+                .unwrap()
+                .expect("stored");
+            let end = (end as usize).min(size);
+            assert!(
+                data == expected[start as usize..end],
+                "range {start}-{end} of {size}"
+            );
+        }
+    }
+}
+
+fn round_trip(shards: usize) {
+    let dir = TempDir::new(&format!("round-trip-{shards}"));
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 512 * MIB, shards, 16)).unwrap();
+    assert_eq!(engine.shard_count(), shards);
+    put_all(&engine);
+    check_all(&engine);
+
+    // Overwrite, delete, list.
+    block_on(engine.put("data", &key_of(1), b"new".to_vec())).unwrap();
+    assert!(block_on(engine.delete("data", &key_of(4095))).unwrap());
+    assert!(!block_on(engine.delete("data", "objects/never-stored")).unwrap());
+    assert_eq!(
+        block_on(engine.get("data", &key_of(4095), None)).unwrap(),
+        None
+    );
+    let listed = block_on(engine.list("data", "objects/size-4", None, 100)).unwrap();
+    let keys: Vec<&str> = listed.iter().map(|meta| meta.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "objects/size-4096",
+            "objects/size-4194304",
+            "objects/size-4194305"
+        ]
+    );
+    let first_page = block_on(engine.list("data", "objects/", None, 4)).unwrap();
+    let second_page =
+        block_on(engine.list("data", "objects/", Some(&first_page[3].key), 100)).unwrap();
+    assert_eq!(first_page.len() + second_page.len(), SIZES.len() - 1);
+    assert!(second_page.iter().all(|meta| meta.key > first_page[3].key));
+    assert!(block_on(engine.list("other", "", None, 100))
+        .unwrap()
+        .is_empty());
+    engine.close();
+
+    // Reopen after a clean close: everything comes back, the delete stays deleted.
+    let engine = Engine::open(config(&path, 512 * MIB, shards, 16)).unwrap();
+    let (_, data) = block_on(engine.get("data", &key_of(1), None))
+        .unwrap()
+        .unwrap();
+    assert_eq!(data, b"new");
+    assert_eq!(
+        block_on(engine.get("data", &key_of(4095), None)).unwrap(),
+        None
+    );
+    for (index, &size) in SIZES
+        .iter()
+        .enumerate()
+        .filter(|(_, &size)| size != 1 && size != 4095)
+    {
+        let (_, data) = block_on(engine.get("data", &key_of(size), None))
+            .unwrap()
+            .expect("still stored");
+        assert!(
+            data == pattern(index as u64, size),
+            "object of {size} bytes after reopen"
+        );
+    }
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats.len(), shards);
+    assert_eq!(
+        stats.iter().map(|shard| shard.objects).sum::<u64>(),
+        SIZES.len() as u64 - 1
+    );
+    assert!(stats
+        .iter()
+        .all(|shard| shard.counters.checksum_errors == 0));
+}
+
+#[test]
+fn put_get_range_head_delete_list_one_shard() {
+    round_trip(1);
+}
+
+#[test]
+fn put_get_range_head_delete_list_two_shards() {
+    round_trip(2);
+}
+
+#[test]
+fn ranges_are_checked() {
+    let dir = TempDir::new("ranges");
+    let engine = Engine::open(config(&dir.file("data.hyd"), 64 * MIB, 1, 4)).unwrap();
+    block_on(engine.put("data", "ten", pattern(1, 10))).unwrap();
+    let past = ByteRange {
+        start: 11,
+        end: None,
+    };
+    let error = block_on(engine.get("data", "ten", Some(past))).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidRange);
+    let backwards = ByteRange {
+        start: 5,
+        end: Some(2),
+    };
+    assert_eq!(
+        block_on(engine.get("data", "ten", Some(backwards)))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidRange
+    );
+    let clamped = ByteRange {
+        start: 8,
+        end: Some(100),
+    };
+    let (_, data) = block_on(engine.get("data", "ten", Some(clamped)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(data, pattern(1, 10)[8..]);
+    let empty = ByteRange {
+        start: 10,
+        end: None,
+    };
+    let (_, data) = block_on(engine.get("data", "ten", Some(empty)))
+        .unwrap()
+        .unwrap();
+    assert!(data.is_empty());
+}
+
+#[test]
+fn bad_keys_are_refused() {
+    let dir = TempDir::new("bad-keys");
+    let engine = Engine::open(config(&dir.file("data.hyd"), 64 * MIB, 1, 4)).unwrap();
+    let empty = block_on(engine.put("data", "", b"x".to_vec())).unwrap_err();
+    assert_eq!(empty.kind(), ErrorKind::InvalidKey);
+    assert!(empty.to_string().contains("empty"), "{empty}");
+    let long = block_on(engine.put("data", &"k".repeat(1025), b"x".to_vec())).unwrap_err();
+    assert_eq!(long.kind(), ErrorKind::InvalidKey);
+    assert!(long.to_string().contains("1024"), "{long}");
+    assert_eq!(
+        block_on(engine.get("Data", "k", None)).unwrap_err().kind(),
+        ErrorKind::InvalidKey
+    );
+    assert_eq!(
+        block_on(engine.delete("data", "")).unwrap_err().kind(),
+        ErrorKind::InvalidKey
+    );
+    // The longest key is fine.
+    block_on(engine.put("data", &"k".repeat(1024), b"x".to_vec())).unwrap();
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats[0].objects, 1, "refused puts stored nothing");
+}
+
+#[test]
+fn too_large_objects_are_refused() {
+    let dir = TempDir::new("too-large");
+    let mut config = config(&dir.file("data.hyd"), 64 * MIB, 1, 16);
+    config.object_bytes_max = MIB;
+    let engine = Engine::open(config).unwrap();
+    let error = block_on(engine.put("data", "big", vec![0; MIB as usize + 1])).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TooLarge);
+}
+
+fn open_error(config: EngineConfig) -> hydrant_engine::Error {
+    match Engine::open(config) {
+        Ok(_) => panic!("the engine opened a device it should refuse"),
+        Err(error) => error,
+    }
+}
+
+#[test]
+fn a_device_of_a_few_kib_is_refused_and_left_unchanged() {
+    let dir = TempDir::new("tiny");
+    let path = dir.file("tiny.hyd");
+    std::fs::write(&path, vec![0u8; 8192]).unwrap();
+    let before = file_fingerprint(&path);
+    let error = open_error(EngineConfig::new(vec![DeviceConfig::new(&path)]));
+    assert_eq!(error.kind(), ErrorKind::DeviceTooSmall, "{error}");
+    assert!(error.to_string().contains("8192 bytes"), "{error}");
+    assert_eq!(file_fingerprint(&path), before);
+    // Asking to create a file that small is refused before anything is created.
+    let new_path = dir.file("new-tiny.hyd");
+    let error = open_error(config(&new_path, 16 * 1024, 1, 4));
+    assert_eq!(error.kind(), ErrorKind::DeviceTooSmall, "{error}");
+    assert!(!new_path.exists());
+}
+
+#[test]
+fn a_device_size_off_the_alignment_is_refused_and_left_unchanged() {
+    let dir = TempDir::new("misaligned");
+    let path = dir.file("odd.hyd");
+    std::fs::write(&path, vec![0u8; 64 * MIB as usize + 100]).unwrap();
+    let before = file_fingerprint(&path);
+    let error = open_error(EngineConfig::new(vec![DeviceConfig::new(&path)]));
+    assert_eq!(error.kind(), ErrorKind::DeviceMisaligned, "{error}");
+    assert!(error.to_string().contains("not a multiple"), "{error}");
+    assert_eq!(file_fingerprint(&path), before);
+}
+
+#[test]
+fn a_device_formatted_with_another_region_size_is_refused_and_left_unchanged() {
+    let dir = TempDir::new("geometry");
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 8)).unwrap();
+    block_on(engine.put("data", "kept", pattern(3, 5000))).unwrap();
+    engine.close();
+    let before = file_fingerprint(&path);
+    let error = open_error(config(&path, 64 * MIB, 1, 4));
+    assert_eq!(error.kind(), ErrorKind::GeometryMismatch, "{error}");
+    assert!(error.to_string().contains("region size 8388608"), "{error}");
+    let error = open_error(config(&path, 64 * MIB, 2, 8));
+    assert_eq!(error.kind(), ErrorKind::GeometryMismatch, "{error}");
+    assert_eq!(file_fingerprint(&path), before);
+    // Without explicit geometry the store's own is adopted, and the data is there.
+    let engine = Engine::open(EngineConfig::new(vec![DeviceConfig::new(&path)])).unwrap();
+    assert_eq!(engine.geometry().region_bytes, 8 * MIB);
+    let (_, data) = block_on(engine.get("data", "kept", None)).unwrap().unwrap();
+    assert_eq!(data, pattern(3, 5000));
+}
+
+#[test]
+fn a_device_of_another_program_is_refused_unless_formatting_is_asked() {
+    let dir = TempDir::new("foreign");
+    let path = dir.file("foreign.img");
+    let mut contents = vec![0u8; 64 * MIB as usize];
+    contents[1024..1040].copy_from_slice(b"someone's data!!");
+    std::fs::write(&path, &contents).unwrap();
+    let before = file_fingerprint(&path);
+    let error = open_error(config(&path, 64 * MIB, 1, 4));
+    assert_eq!(error.kind(), ErrorKind::ForeignDevice, "{error}");
+    assert_eq!(file_fingerprint(&path), before);
+    let mut formatting = config(&path, 64 * MIB, 1, 4);
+    formatting.format = FormatPolicy::Always;
+    let engine = Engine::open(formatting).unwrap();
+    block_on(engine.put("data", "mine", b"now".to_vec())).unwrap();
+}
+
+#[test]
+fn a_blank_existing_device_is_formatted() {
+    let dir = TempDir::new("blank");
+    let path = dir.file("blank.hyd");
+    std::fs::write(&path, vec![0u8; 32 * MIB as usize]).unwrap();
+    let engine = Engine::open(config(&path, 32 * MIB, 1, 4)).unwrap();
+    block_on(engine.put("data", "k", b"v".to_vec())).unwrap();
+    assert_eq!(
+        block_on(engine.get("data", "k", None)).unwrap().unwrap().1,
+        b"v"
+    );
+}
+
+#[test]
+fn many_concurrent_writers_from_many_threads() {
+    let dir = TempDir::new("concurrent");
+    let engine =
+        std::sync::Arc::new(Engine::open(config(&dir.file("data.hyd"), 256 * MIB, 2, 8)).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|thread| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                // Many requests in flight at once from one thread: they share group commits.
+                let puts: Vec<_> = (0..200)
+                    .map(|index| {
+                        engine.put(
+                            "data",
+                            &format!("t{thread}/{index}"),
+                            pattern(thread * 1000 + index, 1000 + index as usize * 7),
+                        )
+                    })
+                    .collect();
+                for put in puts {
+                    block_on(put).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    for thread in 0..4u64 {
+        for index in 0..200u64 {
+            let (_, data) = block_on(engine.get("data", &format!("t{thread}/{index}"), None))
+                .unwrap()
+                .unwrap();
+            assert!(data == pattern(thread * 1000 + index, 1000 + index as usize * 7));
+        }
+    }
+    let stats = block_on(engine.stats()).unwrap();
+    let puts: u64 = stats.iter().map(|shard| shard.counters.puts).sum();
+    let flushes: u64 = stats.iter().map(|shard| shard.flushes).sum();
+    assert_eq!(puts, 800);
+    assert!(
+        flushes < puts,
+        "group commit shares flushes: {flushes} flushes for {puts} puts"
+    );
+}
