@@ -118,8 +118,16 @@ async fn serve(store: Rc<Store>, inbox: channel::Receiver<Message>, requests_in_
             Some(Message::Stop) | None => break,
         }
     }
+    // Refuse (and answer) whatever is still queued, then let the requests in flight finish.
+    drop(inbox);
     for _ in 0..requests_in_flight_max {
         std::mem::forget(in_flight.acquire().await);
+    }
+    if let Err(error) = store.close().await {
+        log::warn!(
+            "shard {}: could not seal the log on close ({error}); the next open verifies it",
+            store.shard()
+        );
     }
     log::debug!("shard {} stopped", store.shard());
 }

@@ -77,7 +77,7 @@ impl<T> Sender<T> {
             }
             let item = match self.shared.queue.push(item) {
                 Ok(()) => {
-                    self.shared.receiver_waker.wake();
+                    self.pushed();
                     return Poll::Ready(Ok(()));
                 }
                 Err(item) => item,
@@ -90,7 +90,7 @@ impl<T> Sender<T> {
             // The receiver may have made room between the failed push and the registration.
             match self.shared.queue.push(item) {
                 Ok(()) => {
-                    self.shared.receiver_waker.wake();
+                    self.pushed();
                     Poll::Ready(Ok(()))
                 }
                 Err(item) => {
@@ -108,17 +108,28 @@ impl<T> Sender<T> {
             return Err(value);
         }
         self.shared.queue.push(value)?;
-        self.shared.receiver_waker.wake();
+        self.pushed();
         Ok(())
+    }
+
+    fn pushed(&self) {
+        self.shared.receiver_waker.wake();
+        // The receiver may have closed between our check and the push, after draining: drop
+        // what is queued so that nothing waits on a reply that will never come.
+        if self.shared.receiver_closed.load(Ordering::SeqCst) {
+            while self.shared.queue.pop().is_some() {}
+        }
     }
 }
 
 impl<T> Receiver<T> {
+    /// Wake every sender waiting for room. Waking all (not one) means a waker left behind by
+    /// a sender that got in on its retry, or was dropped, cannot swallow the wake-up.
     fn popped(&self) {
         if self.shared.space_waiting.load(Ordering::SeqCst) > 0 {
-            let mut waiters = self.shared.space_waiters.lock().expect("poisoned");
-            if let Some(waiter) = waiters.pop_front() {
-                self.shared.space_waiting.fetch_sub(1, Ordering::SeqCst);
+            let waiters = std::mem::take(&mut *self.shared.space_waiters.lock().expect("poisoned"));
+            self.shared.space_waiting.store(0, Ordering::SeqCst);
+            for waiter in waiters {
                 waiter.wake();
             }
         }
@@ -137,7 +148,9 @@ impl<T> Receiver<T> {
                 return Poll::Ready(Some(item));
             }
             if self.shared.senders.load(Ordering::Acquire) == 0 {
-                return Poll::Ready(None);
+                // The last sender may have pushed just before it went away.
+                let last = self.shared.queue.pop();
+                return Poll::Ready(last);
             }
             Poll::Pending
         })
@@ -153,7 +166,9 @@ impl<T> Receiver<T> {
 
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
-        self.shared.receiver_closed.store(true, Ordering::Release);
+        self.shared.receiver_closed.store(true, Ordering::SeqCst);
+        // Drop what is queued: each message's reply channel then tells its caller.
+        while self.shared.queue.pop().is_some() {}
         let waiters = std::mem::take(&mut *self.shared.space_waiters.lock().expect("poisoned"));
         for waiter in waiters {
             waiter.wake();

@@ -41,7 +41,13 @@ where
         if let Some(cpu) = cpu {
             pin_current_thread(cpu);
         }
-        executor::run(config, main);
+        // A panic would unwind through the reactor and free buffers the kernel may still be
+        // writing into: stop the process instead (a broken invariant is not recoverable).
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor::run(config, main)));
+        if outcome.is_err() {
+            eprintln!("hydrant: a shard thread panicked; aborting so that no in-flight I/O touches freed memory");
+            std::process::abort();
+        }
     })
 }
 

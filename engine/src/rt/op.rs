@@ -79,8 +79,11 @@ impl Future for Op {
 
 impl Drop for Op {
     fn drop(&mut self) {
-        if let State::Submitted(index) = self.state {
-            with_reactor(|reactor| reactor.abandon_slot(index));
+        match self.state {
+            State::Submitted(index) => with_reactor(|reactor| reactor.abandon_slot(index)),
+            // It may have been the waiter woken for a free slot: pass the wake-up on.
+            State::Unsubmitted(..) => with_reactor(|reactor| reactor.pass_depth_wake()),
+            State::Finished => {}
         }
     }
 }

@@ -30,14 +30,13 @@ impl Future for Sleep {
             }
             return Poll::Ready(());
         }
-        match self.timer {
-            Some(timer) if with_reactor(|reactor| reactor.timer_pending(timer)) => {}
-            _ => {
-                let deadline = self.deadline;
-                let waker = context.waker().clone();
-                self.timer = Some(with_reactor(|reactor| reactor.add_timer(deadline, waker)));
-            }
+        // Re-register on every poll so that the latest waker is the one woken.
+        if let Some(timer) = self.timer.take() {
+            with_reactor(|reactor| reactor.cancel_timer(timer));
         }
+        let deadline = self.deadline;
+        let waker = context.waker().clone();
+        self.timer = Some(with_reactor(|reactor| reactor.add_timer(deadline, waker)));
         Poll::Pending
     }
 }

@@ -253,6 +253,21 @@ impl Index {
         self.objects.len()
     }
 
+    /// (key, seq, dirty) of every object with a chunk in `region`. A full walk of the index:
+    /// only for the rare reclaim of a region with damaged headers.
+    pub fn in_region(&self, region: u32) -> Vec<(ObjectKey, u64, bool)> {
+        self.objects
+            .iter()
+            .filter(|(_, record)| match &record.chunks {
+                Chunks::One(location) => location.region == region,
+                Chunks::Many(locations) => {
+                    locations.iter().any(|location| location.region == region)
+                }
+            })
+            .map(|(key, record)| (key.clone(), record.seq, record.dirty()))
+            .collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
     }

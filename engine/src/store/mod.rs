@@ -14,7 +14,7 @@ mod scan;
 mod space;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 
 use crate::buf::{align_up, Arena, ArenaInfo, IoBuf};
@@ -47,14 +47,16 @@ pub struct RegionPlace {
     pub offset: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct RegionState {
     /// The sequence of the header it was last opened under; 0 while free.
     region_seq: u64,
     /// Reads in flight; a region is not reused until they finish.
     readers: u32,
-    /// Writes allocated in the region and not yet completed.
-    writes_in_flight: u32,
+    /// Offsets of writes placed in the region and not yet completed. An entry is acknowledged
+    /// only once every write placed before it has completed, so that the log on the device has
+    /// no hole before any acknowledged entry (recovery stops at the first hole).
+    writes_in_flight: BTreeSet<u64>,
 }
 
 /// A byte range of an object: `start` up to `end` (exclusive; `None` = to the end).
@@ -139,6 +141,17 @@ pub struct ShardStats {
     pub failure: Option<String>,
 }
 
+/// The operations in progress on one key. Versions are ordered by seq, but operations finish
+/// in any order: a put must not be installed over a newer operation that already finished.
+#[derive(Clone, Copy, Debug, Default)]
+struct PendingKey {
+    /// The newest seq started (reclaim does not move a clean version this will supersede).
+    newest_started: u64,
+    /// The newest seq that finished successfully.
+    newest_finished: u64,
+    running: u32,
+}
+
 /// Free regions kept in reserve: reclaim starts when fewer remain, so that relocating the
 /// oldest region's live entries always has somewhere to go.
 const FREE_REGIONS_RESERVE: usize = 2;
@@ -163,9 +176,8 @@ pub struct Store {
     regions: RefCell<Vec<RegionState>>,
     log: RefCell<Log>,
     index: RefCell<Index>,
-    /// Writes in progress per key (the newest seq), so that reclaim does not move a version that
-    /// a pending write is about to supersede.
-    pending: RefCell<HashMap<ObjectKey, u64>>,
+    /// Keys with puts or deletes in progress.
+    pending: RefCell<HashMap<ObjectKey, PendingKey>>,
     next_seq: Cell<u64>,
     commit: Commit,
     /// Orders allocation, region opening and reclaim.
@@ -321,10 +333,27 @@ impl Store {
                 let data_bytes = chunk_bytes.min(record.bytes - chunk_start);
                 let want = (start.max(chunk_start) - chunk_start) as u32
                     ..(end.min(chunk_start + data_bytes) - chunk_start) as u32;
-                parts.push(
-                    self.read_chunk(key, &record, chunk as usize, data_bytes as u32, want)
-                        .await?,
+                // Look the chunk up again: reclaim may have moved it while earlier chunks were
+                // read. If the version is gone (evicted, replaced), so is this read.
+                let location = self
+                    .index
+                    .borrow()
+                    .get(key)
+                    .filter(|current| current.seq == record.seq)
+                    .map(|current| current.chunks.get(chunk as usize));
+                let Some(location) = location else {
+                    self.count(|counters| counters.misses += 1);
+                    return Ok(None);
+                };
+                let read = self.read_chunk(
+                    key,
+                    &record,
+                    location,
+                    chunk as usize,
+                    data_bytes as u32,
+                    want,
                 );
+                parts.push(read.await?);
             }
         }
         self.count(|counters| {
@@ -345,11 +374,11 @@ impl Store {
         &self,
         key: &ObjectKey,
         record: &ObjectRecord,
+        location: Location,
         chunk: usize,
         data_bytes: u32,
         want: Range<u32>,
     ) -> Result<ReadPart> {
-        let location = record.chunks.get(chunk);
         let region = location.region as usize;
         let entry_offset = self.device_offset(region, location.block as u64);
         let file = self.file_of(region);
@@ -471,10 +500,9 @@ impl Store {
     /// `dirty` pins it until it is written back to the origin.
     pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
         self.writable()?;
-        let seq = self.take_seq();
-        self.pending.borrow_mut().insert(key.clone(), seq);
+        let seq = self.begin_operation(&key);
         let result = self.write_object(&key, data, seq, dirty).await;
-        self.pending_done(&key, seq);
+        self.finish_operation(&key, seq, result.is_ok());
         let meta = result?;
         self.count(|counters| {
             counters.puts += 1;
@@ -513,6 +541,9 @@ impl Store {
             };
             locations.push(self.write_entry(header, piece).await?);
         }
+        let last = *locations.last().expect("at least one chunk");
+        self.wait_earlier_writes(last.region as usize, last.block as u64 * BLOCK_BYTES as u64)
+            .await;
         self.make_durable().await?;
         let record = ObjectRecord {
             seq,
@@ -521,7 +552,9 @@ impl Store {
             chunks: Chunks::from_vec(locations),
         };
         let meta = ObjectMeta::of(key, &record);
-        self.index.borrow_mut().install(key.clone(), record);
+        if seq > self.pending.borrow()[key].newest_finished {
+            self.index.borrow_mut().install(key.clone(), record);
+        }
         Ok(meta)
     }
 
@@ -530,8 +563,7 @@ impl Store {
     pub async fn delete(&self, key: ObjectKey) -> Result<bool> {
         self.writable()?;
         let existed = self.index.borrow().get(&key).is_some();
-        let seq = self.take_seq();
-        self.pending.borrow_mut().insert(key.clone(), seq);
+        let seq = self.begin_operation(&key);
         let header = EntryHeader {
             kind: EntryKind::Tombstone,
             flags: 0,
@@ -547,7 +579,12 @@ impl Store {
             data_crcs: Vec::new(),
         };
         let result = async {
-            self.write_entry(header, &[]).await?;
+            let location = self.write_entry(header, &[]).await?;
+            self.wait_earlier_writes(
+                location.region as usize,
+                location.block as u64 * BLOCK_BYTES as u64,
+            )
+            .await;
             self.make_durable().await
         }
         .await;
@@ -555,14 +592,40 @@ impl Store {
             self.index.borrow_mut().remove_older(&key, seq, false);
             self.count(|counters| counters.deletes += 1);
         }
-        self.pending_done(&key, seq);
+        self.finish_operation(&key, seq, result.is_ok());
         result.map(|()| existed)
     }
 
-    fn pending_done(&self, key: &ObjectKey, seq: u64) {
+    fn begin_operation(&self, key: &ObjectKey) -> u64 {
+        let seq = self.take_seq();
         let mut pending = self.pending.borrow_mut();
-        if pending.get(key) == Some(&seq) {
+        let entry = pending.entry(key.clone()).or_default();
+        entry.newest_started = seq;
+        entry.running += 1;
+        seq
+    }
+
+    fn finish_operation(&self, key: &ObjectKey, seq: u64, succeeded: bool) {
+        let mut pending = self.pending.borrow_mut();
+        let entry = pending.get_mut(key).expect("an operation in progress");
+        if succeeded {
+            entry.newest_finished = entry.newest_finished.max(seq);
+        }
+        entry.running -= 1;
+        if entry.running == 0 {
             pending.remove(key);
+        }
+    }
+
+    /// Wait until every write placed in `region` before `offset` has completed.
+    async fn wait_earlier_writes(&self, region: usize, offset: u64) {
+        while self.regions.borrow()[region]
+            .writes_in_flight
+            .range(..offset)
+            .next()
+            .is_some()
+        {
+            self.region_idle.wait().await;
         }
     }
 
@@ -594,11 +657,11 @@ impl Store {
         let offset = self.places[place.region].offset + place.offset;
         let (result, _buf) = write_at(file, buf, offset).await;
         {
-            let mut regions = self.regions.borrow_mut();
-            regions[place.region].writes_in_flight -= 1;
-            if regions[place.region].writes_in_flight == 0 {
-                self.region_idle.wake_all();
-            }
+            let removed = self.regions.borrow_mut()[place.region]
+                .writes_in_flight
+                .remove(&place.offset);
+            assert!(removed, "a write completed that was never placed");
+            self.region_idle.wake_all();
         }
         result.map_err(|error| {
             self.fail(

@@ -121,6 +121,43 @@ impl IndexBuilder {
 }
 
 impl Store {
+    /// Write a seal at `end` of `region` (if there is room) and make it durable: a later scan
+    /// stops there and trusts what came before.
+    async fn write_seal(&self, region: usize, region_seq: u64, end: u64) -> Result<()> {
+        if end + BLOCK_BYTES as u64 > self.geometry.region_bytes {
+            return Ok(()); // the region is full: its end is its end
+        }
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        buf.set_len(BLOCK_BYTES);
+        EntryHeader::seal(region_seq).encode_into(buf.as_mut_slice());
+        self.write_block(region, end, buf).await?;
+        self.make_durable().await
+    }
+
+    /// Seal the open region after the last write, so that the next open trusts it without
+    /// reading its data back. Called once no request is in flight.
+    pub async fn close(&self) -> Result<()> {
+        let _section = self.allocation.enter().await;
+        self.writable()?;
+        let (open, end) = {
+            let log = self.log.borrow();
+            match log.open {
+                Some(open) => (open, log.write_offset),
+                None => return Ok(()),
+            }
+        };
+        while !self.regions.borrow()[open].writes_in_flight.is_empty() {
+            self.region_idle.wait().await;
+        }
+        self.make_durable().await?;
+        let region_seq = self.regions.borrow()[open].region_seq;
+        self.write_seal(open, region_seq, end).await?;
+        let mut log = self.log.borrow_mut();
+        log.open = None;
+        log.sealed.push_back(open);
+        Ok(())
+    }
+
     /// Open a shard's store: recover its index and log from the device.
     pub async fn open(parts: StoreParts) -> Result<Store> {
         let store = Store::from_parts(parts);
@@ -158,12 +195,14 @@ impl Store {
         let mut tail_end = None;
         for (position, &(region_seq, region)) in used.iter().enumerate() {
             let newest = position + 1 == used.len();
-            let mode = if newest {
-                ScanMode::Tail
-            } else {
-                ScanMode::Sealed
-            };
-            let scan = self.scan_region(region, region_seq, mode).await?;
+            // The newest region needs its data verified unless it was sealed: by a clean close
+            // or by an earlier recovery, both of which flushed everything before the seal.
+            let mut scan = self
+                .scan_region(region, region_seq, ScanMode::Sealed)
+                .await?;
+            if newest && !scan.ends_in_seal {
+                scan = self.scan_region(region, region_seq, ScanMode::Tail).await?;
+            }
             self.count(|counters| {
                 counters.damaged_headers += scan.damaged_headers;
                 counters.torn_tails += u64::from(scan.torn);
@@ -177,7 +216,7 @@ impl Store {
                 );
             }
             self.regions.borrow_mut()[region].region_seq = region_seq;
-            if newest {
+            if newest && !scan.ends_in_seal {
                 tail_end = Some((region, region_seq, scan.end));
             }
         }
@@ -197,17 +236,13 @@ impl Store {
             log.free = (0..self.places.len())
                 .filter(|region| !used.iter().any(|&(_, used_region)| used_region == *region))
                 .collect();
-            log.next_region_seq = used.last().map_or(1, |&(region_seq, _)| region_seq + 1);
+            // Skip one: the header of the last region opened may not have been durable, and its
+            // entries may be, so its region_seq must never be used again.
+            log.next_region_seq = used.last().map_or(1, |&(region_seq, _)| region_seq + 2);
             log.open = None;
         }
         if let Some((region, region_seq, end)) = tail_end {
-            if end + BLOCK_BYTES as u64 <= self.geometry.region_bytes {
-                let mut buf = self.arena.allocate(BLOCK_BYTES);
-                buf.set_len(BLOCK_BYTES);
-                EntryHeader::seal(region_seq).encode_into(buf.as_mut_slice());
-                self.write_block(region, end, buf).await?;
-                self.make_durable().await?;
-            }
+            self.write_seal(region, region_seq, end).await?;
         }
         let stats = self.stats();
         log::info!(

@@ -34,6 +34,8 @@ pub(crate) struct RegionScan {
     pub damaged_headers: u64,
     /// The scan stopped at an entry whose data did not check out (tail region only).
     pub torn: bool,
+    /// The log ends in a seal entry: it was closed cleanly (or sealed by a recovery).
+    pub ends_in_seal: bool,
 }
 
 struct Window {
@@ -84,6 +86,7 @@ impl Store {
             end: BLOCK_BYTES as u64,
             damaged_headers: 0,
             torn: false,
+            ends_in_seal: false,
         };
         let mut window = Window {
             start: 0,
@@ -126,6 +129,7 @@ impl Store {
             };
             resyncing = false;
             if header.kind == EntryKind::Seal {
+                scan.ends_in_seal = true;
                 break;
             }
             if mode == ScanMode::Tail && header.data_bytes > 0 {

@@ -20,6 +20,8 @@ use super::index::{ObjectKey, RECORD_FLAG_VISITED};
 use super::scan::ScanMode;
 use super::{Store, FREE_REGIONS_RESERVE};
 
+const RECLAIM_PASSES_MAX: u32 = 2;
+
 /// Where `allocate` put an entry. The region counts it as a write in flight until
 /// `Store::write_placed` completes.
 pub(crate) struct Place {
@@ -39,13 +41,18 @@ impl Store {
     /// `allocate`, for callers already inside the allocation section (reclaim).
     async fn allocate_in_section(&self, bytes: u64) -> Result<Place> {
         assert!(bytes <= self.geometry.region_bytes - BLOCK_BYTES as u64);
+        // At most two reclaim passes per allocation: the first may only clear visited bits (it
+        // relocates what was visited), the second evicts. When everything left is pinned, more
+        // passes would only rewrite the same entries again.
+        let mut passes = 0;
         loop {
             self.writable()?;
             if let Some(place) = self.try_place(bytes) {
                 return Ok(place);
             }
             let short = self.log.borrow().free.len() < FREE_REGIONS_RESERVE;
-            if short && !self.reclaiming.get() {
+            if short && passes < RECLAIM_PASSES_MAX && !self.reclaiming.get() {
+                passes += 1;
                 self.reclaiming.set(true);
                 let result = self.reclaim_until_reserve().await;
                 self.reclaiming.set(false);
@@ -68,7 +75,9 @@ impl Store {
             region_seq: self.regions.borrow()[open].region_seq,
         };
         log.write_offset += bytes;
-        self.regions.borrow_mut()[open].writes_in_flight += 1;
+        self.regions.borrow_mut()[open]
+            .writes_in_flight
+            .insert(place.offset);
         Some(place)
     }
 
@@ -77,7 +86,7 @@ impl Store {
     async fn open_next_region(&self) -> Result<()> {
         let previous = self.log.borrow_mut().open.take();
         if let Some(previous) = previous {
-            while self.regions.borrow()[previous].writes_in_flight > 0 {
+            while !self.regions.borrow()[previous].writes_in_flight.is_empty() {
                 self.region_idle.wait().await;
             }
             self.make_durable().await?;
@@ -179,12 +188,15 @@ impl Store {
             if !live {
                 continue;
             }
+            // A clean version that a write in progress will replace is not worth moving; a dirty
+            // one is, since that write may still fail or be lost in a crash.
             let superseded = self
                 .pending
                 .borrow()
                 .get(&key)
-                .is_some_and(|&pending| pending > entry.header.seq);
-            let moved = if keep && !superseded {
+                .is_some_and(|pending| pending.newest_started > entry.header.seq);
+            let dirty = entry.header.flags & crate::format::ENTRY_FLAG_DIRTY != 0;
+            let moved = if keep && (dirty || !superseded) {
                 self.relocate(victim, entry.offset, entry.header.clone(), &key)
                     .await?
             } else {
@@ -199,6 +211,9 @@ impl Store {
                 self.count(|counters| counters.evictions += 1);
             }
         }
+        if scan.damaged_headers > 0 {
+            self.drop_unreachable(victim)?;
+        }
         {
             let mut index = self.index.borrow_mut();
             for key in relocated {
@@ -207,7 +222,15 @@ impl Store {
                 }
             }
         }
-        // Relocated copies must be durable before the victim's header is erased.
+        // Relocated copies must be durable before the victim's header is erased, and so must
+        // every write placed before them (no new write is placed while reclaim holds the
+        // allocation section).
+        let open = self.log.borrow().open;
+        if let Some(open) = open {
+            while !self.regions.borrow()[open].writes_in_flight.is_empty() {
+                self.region_idle.wait().await;
+            }
+        }
         self.make_durable().await?;
         let mut buf = self.arena.allocate(BLOCK_BYTES);
         buf.set_len(BLOCK_BYTES);
@@ -215,6 +238,28 @@ impl Store {
         self.write_block(victim, 0, buf).await?;
         self.regions.borrow_mut()[victim].region_seq = 0;
         self.count(|counters| counters.reclaims += 1);
+        Ok(())
+    }
+
+    /// A damaged header hid some entries of `victim` from the scan: evict the clean objects that
+    /// still point into it, and refuse to reuse it while a dirty one does.
+    fn drop_unreachable(&self, victim: usize) -> Result<()> {
+        let stranded = self.index.borrow().in_region(victim as u32);
+        for (key, seq, dirty) in stranded {
+            if dirty {
+                return Err(Error::new(
+                    ErrorKind::ChecksumMismatch,
+                    format!(
+                        "region {victim} of shard {} has a damaged entry header and holds dirty {}/{}; it is kept for inspection",
+                        self.shard,
+                        key.bucket(),
+                        key.key()
+                    ),
+                ));
+            }
+            self.index.borrow_mut().remove_older(&key, seq, true);
+            self.count(|counters| counters.evictions += 1);
+        }
         Ok(())
     }
 

@@ -1,0 +1,199 @@
+//! Flipped bytes inside stored entries: reads report a checksum error or a miss, never wrong
+//! bytes. Reclaim: what is evicted reads as a miss, what stays reads back exact, visited objects
+//! survive, dirty objects are never evicted.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+
+use common::{config, pattern, TempDir, MIB};
+use hydrant_engine::rt::block_on;
+use hydrant_engine::{ByteRange, Engine, ErrorKind};
+
+const ENTRY_MAGIC: &[u8; 4] = b"HENT";
+
+/// Offsets of entry headers in a device file and their data length (the format's data_bytes
+/// field at offset 20).
+fn entries(path: &std::path::Path) -> Vec<(u64, u32)> {
+    let bytes = std::fs::read(path).unwrap();
+    (0..bytes.len() / 4096)
+        .map(|block| block * 4096)
+        .filter(|&offset| &bytes[offset..offset + 4] == ENTRY_MAGIC && bytes[offset + 4] == 1)
+        .map(|offset| {
+            (
+                offset as u64,
+                u32::from_le_bytes(bytes[offset + 20..offset + 24].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn flipped_bytes_give_checksum_errors_or_misses_never_wrong_bytes() {
+    let dir = TempDir::new("corruption");
+    let path = dir.file("data.hyd");
+    let sizes = [1usize, 1000, 4096, 70_000, 200_000, 1_500_000, 2_300_000];
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    for (index, &size) in sizes.iter().enumerate() {
+        block_on(engine.put(
+            "data",
+            &format!("object-{index}"),
+            pattern(index as u64, size),
+        ))
+        .unwrap();
+    }
+    engine.close();
+
+    let found = entries(&path);
+    assert!(
+        found.len() >= sizes.len(),
+        "every object has at least one entry"
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    for (position, &(offset, data_bytes)) in found.iter().enumerate() {
+        // One flip in the data of every entry; for every third entry also one in its header.
+        let target = offset + 4096 + (position as u64 * 7919) % data_bytes as u64;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, target).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x5A], target).unwrap();
+        if position % 3 == 0 {
+            let header_target = offset + 150;
+            file.read_exact_at(&mut byte, header_target).unwrap();
+            file.write_all_at(&[byte[0] ^ 0x01], header_target).unwrap();
+        }
+    }
+    file.sync_all().unwrap();
+    drop(file);
+
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    let mut errors = 0;
+    let mut misses = 0;
+    for (index, &size) in sizes.iter().enumerate() {
+        let key = format!("object-{index}");
+        match block_on(engine.get("data", &key, None)) {
+            Ok(None) => misses += 1,
+            Err(error) => {
+                assert_eq!(error.kind(), ErrorKind::ChecksumMismatch, "{error}");
+                errors += 1;
+                // A clean object that failed its checksum is dropped: the next read is a miss.
+                assert_eq!(block_on(engine.get("data", &key, None)).unwrap(), None);
+            }
+            Ok(Some((_, data))) => panic!(
+                "{key} ({size} bytes) returned {} bytes despite a flipped byte",
+                data.len()
+            ),
+        }
+    }
+    assert_eq!(errors + misses, sizes.len());
+    assert!(
+        errors > 0,
+        "some objects were found and failed their checksum"
+    );
+    assert!(misses > 0, "objects whose header was damaged are misses");
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats[0].counters.checksum_errors, errors as u64);
+    assert!(stats[0].counters.damaged_headers > 0);
+}
+
+#[test]
+fn a_range_read_verifies_only_what_it_reads() {
+    let dir = TempDir::new("range-corruption");
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    let data = pattern(9, 500_000); // one chunk of 1 MiB chunks, eight 64 KiB checksum pieces
+    block_on(engine.put("data", "big", data.clone())).unwrap();
+    engine.close();
+    let (offset, _) = entries(&path)[0];
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // Damage checksum piece 5 (bytes 327680..393216 of the data).
+    file.write_all_at(&[0xFF, 0xFF, 0xFF], offset + 4096 + 330_000)
+        .unwrap();
+    file.sync_all().unwrap();
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    let early = ByteRange {
+        start: 70_000,
+        end: Some(200_000),
+    };
+    let (_, bytes) = block_on(engine.get("data", "big", Some(early)))
+        .unwrap()
+        .unwrap();
+    assert!(
+        bytes == data[70_000..200_000],
+        "undamaged pieces read back exact"
+    );
+    let damaged = ByteRange {
+        start: 320_000,
+        end: Some(340_000),
+    };
+    let error = block_on(engine.get("data", "big", Some(damaged))).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::ChecksumMismatch);
+}
+
+#[test]
+fn reclaim_evicts_unvisited_keeps_visited_and_never_drops_dirty() {
+    let dir = TempDir::new("reclaim");
+    let path = dir.file("data.hyd");
+    // One shard, eight 1 MiB regions: about 8 MiB for 100 KiB objects.
+    let engine = Engine::open(config(&path, 9 * MIB, 1, 1)).unwrap();
+    block_on(engine.put("data", "hot", pattern(7, 100_000))).unwrap();
+    for index in 0..200u64 {
+        block_on(engine.put("data", &format!("cold-{index}"), pattern(index, 100_000))).unwrap();
+        let (_, hot) = block_on(engine.get("data", "hot", None))
+            .unwrap()
+            .expect("a visited object survives reclaim");
+        assert!(hot == pattern(7, 100_000));
+    }
+    let mut present = 0;
+    for index in 0..200u64 {
+        if let Some((_, data)) =
+            block_on(engine.get("data", &format!("cold-{index}"), None)).unwrap()
+        {
+            assert!(data == pattern(index, 100_000));
+            present += 1;
+        }
+    }
+    assert!(
+        present > 0 && present < 200,
+        "{present} of 200 cold objects remain"
+    );
+    let stats = block_on(engine.stats()).unwrap();
+    assert!(
+        stats[0].counters.reclaims > 0
+            && stats[0].counters.evictions > 0
+            && stats[0].counters.relocations > 0
+    );
+
+    // Dirty objects are pinned: the store fills and then says NoSpace, losing none of them.
+    let mut pinned = 0u64;
+    let error = loop {
+        match block_on(engine.put_with(
+            "data",
+            &format!("dirty-{pinned}"),
+            pattern(1000 + pinned, 100_000),
+            true,
+        )) {
+            Ok(_) => pinned += 1,
+            Err(error) => break error,
+        }
+        assert!(pinned < 200, "a 9 MiB store cannot pin 20 MB");
+    };
+    assert_eq!(error.kind(), ErrorKind::NoSpace, "{error}");
+    let stats = block_on(engine.stats()).unwrap();
+    assert!(
+        pinned >= 40,
+        "only {pinned} dirty objects fit: {error}; {stats:?}"
+    );
+    engine.close();
+    let engine = Engine::open(config(&path, 9 * MIB, 1, 1)).unwrap();
+    for index in 0..pinned {
+        let (meta, data) = block_on(engine.get("data", &format!("dirty-{index}"), None))
+            .unwrap()
+            .expect("dirty objects are never evicted");
+        assert!(meta.dirty);
+        assert!(data == pattern(1000 + index, 100_000));
+    }
+}
