@@ -68,7 +68,7 @@ fn crash_child() {
                         * WRITER_THREADS
                         + thread;
                     let seed = operation;
-                    let delete = operation % 7 == 0;
+                    let delete = operation.is_multiple_of(7);
                     let line = if delete {
                         format!("BEGIN {key} delete")
                     } else {
