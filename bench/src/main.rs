@@ -1,1 +1,60 @@
-fn main() {}
+//! hydrant-bench: hydrant's benchmark harness. Every figure it prints is measured side by side
+//! with its peer in the same run, because the machines it runs on are shared and noisy.
+//!
+//! - `engine`: the engine's 4 KiB random reads and 1 MiB sequential reads against fio on the
+//!   same file, alternating rounds, medians and ratios.
+//! - `index-memory`: the DRAM the index costs per stored object, counted by the allocator.
+//! - `demo`: the engine on its embedded defaults, for a first look.
+
+mod alloc_counter;
+mod engine_bench;
+mod fio;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: alloc_counter::CountingAllocator = alloc_counter::CountingAllocator;
+
+#[derive(Parser)]
+#[command(
+    name = "hydrant-bench",
+    about = "Benchmarks for hydrant, each measured against its peer in the same run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Engine vs fio on the same file: 4 KiB random reads at queue depth 32, 1 MiB sequential
+    /// reads. The file is overwritten.
+    Engine(engine_bench::EngineArgs),
+    /// DRAM bytes the index costs per stored object.
+    IndexMemory(engine_bench::IndexMemoryArgs),
+    /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
+    Demo {
+        /// The data file (created with 1 GiB if absent).
+        #[arg(long, default_value = "hydrant-data/data.hyd")]
+        path: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Engine(args) => engine_bench::engine(args),
+        Command::IndexMemory(args) => engine_bench::index_memory(args),
+        Command::Demo { path } => engine_bench::demo(&path),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hydrant-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -53,6 +53,9 @@ pub struct EngineConfig {
     pub arena_bytes: usize,
     /// Device operations in flight per shard. Default 64.
     pub io_depth_max: usize,
+    /// Under load, how long a shard may wait to gather completions before submitting more.
+    /// Default 100 µs.
+    pub completion_batch_wait_us: u32,
     /// Requests queued for one shard before senders wait. Default 1024.
     pub inbox_requests_max: usize,
     /// Requests one shard works on at once. Default 256.
@@ -74,6 +77,7 @@ impl EngineConfig {
             format: FormatPolicy::IfBlank,
             arena_bytes: 64 * 1024 * 1024,
             io_depth_max: 64,
+            completion_batch_wait_us: 100,
             inbox_requests_max: 1024,
             requests_in_flight_max: 256,
             object_bytes_max: 1 << 30,
@@ -488,6 +492,7 @@ impl Engine {
                 reactor: ReactorConfig {
                     ring_entries: (config.io_depth_max as u32 * 2 + 8).next_power_of_two(),
                     io_depth_max: config.io_depth_max,
+                    completion_batch_wait_us: config.completion_batch_wait_us,
                 },
                 requests_in_flight_max: config.requests_in_flight_max,
             };
@@ -603,10 +608,7 @@ impl Engine {
             let shard = self.shard_of(&key);
             self.on_shard(shard, move |store| async move {
                 let read = store.get(&key, range).await?;
-                Ok(read.map(|read| {
-                    let data = read.to_vec();
-                    (read.meta, data)
-                }))
+                Ok(read.map(|read| (read.meta(&key), read.to_vec())))
             })
         });
         async move { call?.await }

@@ -79,15 +79,28 @@ impl ReadPart {
     }
 }
 
-/// The answer to a get: the object's metadata and the requested bytes, in parts.
+/// The answer to a get: the object's size and version and the requested bytes, in parts.
 pub struct ObjectRead {
-    pub meta: ObjectMeta,
+    /// Size of the whole object.
+    pub bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
     /// Offset in the object of the first byte returned.
     pub start: u64,
     pub parts: Vec<ReadPart>,
 }
 
 impl ObjectRead {
+    pub fn meta(&self, key: &ObjectKey) -> ObjectMeta {
+        ObjectMeta {
+            bucket: key.bucket().to_string(),
+            key: key.key().to_string(),
+            bytes: self.bytes,
+            seq: self.seq,
+            dirty: self.dirty,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.parts.iter().map(|part| part.len).sum()
     }
@@ -333,14 +346,17 @@ impl Store {
                 let data_bytes = chunk_bytes.min(record.bytes - chunk_start);
                 let want = (start.max(chunk_start) - chunk_start) as u32
                     ..(end.min(chunk_start + data_bytes) - chunk_start) as u32;
-                // Look the chunk up again: reclaim may have moved it while earlier chunks were
-                // read. If the version is gone (evicted, replaced), so is this read.
-                let location = self
-                    .index
-                    .borrow()
-                    .get(key)
-                    .filter(|current| current.seq == record.seq)
-                    .map(|current| current.chunks.get(chunk as usize));
+                // Look later chunks up again: reclaim may have moved them while earlier chunks
+                // were read. If the version is gone (evicted, replaced), so is this read.
+                let location = if chunk == start / chunk_bytes {
+                    Some(record.chunks.get(chunk as usize))
+                } else {
+                    self.index
+                        .borrow()
+                        .get(key)
+                        .filter(|current| current.seq == record.seq)
+                        .map(|current| current.chunks.get(chunk as usize))
+                };
                 let Some(location) = location else {
                     self.count(|counters| counters.misses += 1);
                     return Ok(None);
@@ -361,7 +377,9 @@ impl Store {
             counters.bytes_read += end - start;
         });
         Ok(Some(ObjectRead {
-            meta: ObjectMeta::of(key, &record),
+            bytes: record.bytes,
+            seq: record.seq,
+            dirty: record.dirty(),
             start,
             parts,
         }))

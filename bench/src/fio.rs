@@ -1,0 +1,95 @@
+//! Running fio as the peer: the same file, the same block size and queue depth, direct I/O on
+//! io_uring. Its JSON report gives the figure we compare against.
+
+use std::path::Path;
+use std::process::Command;
+
+/// One fio job's result.
+#[derive(Clone, Copy, Debug)]
+pub struct FioResult {
+    pub iops: f64,
+    pub bytes_per_second: f64,
+}
+
+/// Run one fio job on `path` and return its read figures.
+pub fn run(
+    path: &Path,
+    name: &str,
+    pattern: &str,
+    block_size: &str,
+    iodepth: u32,
+    seconds: u64,
+    size: Option<u64>,
+) -> Result<FioResult, String> {
+    let mut command = Command::new("fio");
+    command
+        .arg(format!("--name={name}"))
+        .arg(format!("--filename={}", path.display()))
+        .arg(format!("--rw={pattern}"))
+        .arg(format!("--bs={block_size}"))
+        .arg(format!("--iodepth={iodepth}"))
+        .args([
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--numjobs=1",
+            "--time_based",
+            "--group_reporting",
+        ])
+        .arg(format!("--runtime={seconds}"))
+        .args(["--output-format=json", "--norandommap", "--randrepeat=0"]);
+    if let Some(size) = size {
+        command.arg(format!("--size={size}"));
+    }
+    let output = command
+        .output()
+        .map_err(|error| format!("cannot run fio (apt-get install -y fio): {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    parse(&output.stdout)
+}
+
+/// Fill `bytes` of `path` with sequential writes, so that later reads touch written blocks.
+pub fn fill(path: &Path, bytes: u64) -> Result<(), String> {
+    let output = Command::new("fio")
+        .arg("--name=fill")
+        .arg(format!("--filename={}", path.display()))
+        .args([
+            "--rw=write",
+            "--bs=1m",
+            "--iodepth=8",
+            "--ioengine=io_uring",
+            "--direct=1",
+        ])
+        .arg(format!("--size={bytes}"))
+        .arg("--output-format=json")
+        .output()
+        .map_err(|error| format!("cannot run fio (apt-get install -y fio): {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(())
+}
+
+fn parse(json: &[u8]) -> Result<FioResult, String> {
+    // fio may print notices before the JSON document.
+    let text = String::from_utf8_lossy(json);
+    let start = text.find('{').ok_or("fio printed no JSON")?;
+    let report: serde_json::Value =
+        serde_json::from_str(&text[start..]).map_err(|error| format!("fio JSON: {error}"))?;
+    let read = &report["jobs"][0]["read"];
+    let iops = read["iops"].as_f64().ok_or("fio JSON has no read iops")?;
+    let bytes_per_second = read["bw_bytes"]
+        .as_f64()
+        .ok_or("fio JSON has no read bw_bytes")?;
+    Ok(FioResult {
+        iops,
+        bytes_per_second,
+    })
+}
