@@ -39,6 +39,9 @@ pub struct EngineArgs {
     /// Requests in flight for 1 MiB sequential reads.
     #[arg(long, default_value_t = 8)]
     sequential_depth: u32,
+    /// Core to pin both the engine's shard and fio to, so that both get the same CPU budget.
+    #[arg(long, default_value_t = 0)]
+    cpu: usize,
 }
 
 fn small_key(index: usize) -> ObjectKey {
@@ -203,6 +206,7 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     config.format = FormatPolicy::Always;
     config.arena_bytes = 128 * MIB as usize;
     config.io_depth_max = 64;
+    config.cpus = Some(vec![args.cpu]);
     let engine = Engine::open(config).map_err(engine_error)?;
     // Small objects take 8 KiB each on disk (header + data), large ones 1 MiB + 4 KiB: fill
     // about 40% of the file with each.
@@ -236,7 +240,7 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
             "4k",
             args.random_depth,
             args.seconds,
-            None,
+            Some(args.cpu),
         )?;
         let depth = args.random_depth;
         let engine_r = block_on(engine.on_shard(0, move |store| {
@@ -250,7 +254,7 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
             "1m",
             args.sequential_depth,
             args.seconds,
-            None,
+            Some(args.cpu),
         )?;
         let depth = args.sequential_depth;
         let engine_s = block_on(engine.on_shard(0, move |store| {
@@ -279,7 +283,8 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     println!();
     println!(
-        "engine: 1 shard, arena {} MiB locked={} registered={}, checksum errors {}",
+        "engine: 1 shard on core {}, arena {} MiB locked={} registered={}, checksum errors {}; fio pinned to the same core",
+        args.cpu,
         stats[0].arena.bytes as u64 / MIB,
         stats[0].arena.locked,
         stats[0].arena.registered,

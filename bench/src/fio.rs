@@ -19,7 +19,7 @@ pub fn run(
     block_size: &str,
     iodepth: u32,
     seconds: u64,
-    size: Option<u64>,
+    cpu: Option<usize>,
 ) -> Result<FioResult, String> {
     let mut command = Command::new("fio");
     command
@@ -37,8 +37,8 @@ pub fn run(
         ])
         .arg(format!("--runtime={seconds}"))
         .args(["--output-format=json", "--norandommap", "--randrepeat=0"]);
-    if let Some(size) = size {
-        command.arg(format!("--size={size}"));
+    if let Some(cpu) = cpu {
+        command.arg(format!("--cpus_allowed={cpu}"));
     }
     let output = command
         .output()

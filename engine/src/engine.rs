@@ -64,6 +64,9 @@ pub struct EngineConfig {
     pub object_bytes_max: u64,
     /// Pin shard threads to cores. Default true.
     pub pin_threads: bool,
+    /// The cores to pin shards to, shard i on `cpus[i % len]`. Default: shard i on core i. Use it
+    /// to keep shards near their NVMe's interrupts or NUMA node.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl EngineConfig {
@@ -82,6 +85,7 @@ impl EngineConfig {
             requests_in_flight_max: 256,
             object_bytes_max: 1 << 30,
             pin_threads: true,
+            cpus: None,
         }
     }
 
@@ -484,7 +488,10 @@ impl Engine {
             let (ready, ready_receiver) = channel::oneshot();
             let plan = ShardPlan {
                 shard,
-                cpu: config.pin_threads.then_some(shard as usize % cpus),
+                cpu: config.pin_threads.then(|| match &config.cpus {
+                    Some(list) if !list.is_empty() => list[shard as usize % list.len()],
+                    _ => shard as usize % cpus,
+                }),
                 geometry: geometry.clone(),
                 regions: shard_regions(&superblocks, shard),
                 device_fds: engine.devices.iter().map(Device::raw_fd).collect(),

@@ -65,7 +65,7 @@ impl Arena {
                 std::ptr::null_mut(),
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
@@ -73,11 +73,19 @@ impl Arena {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        // Ask for huge pages before the memory is touched, then lock (which faults it in): a
+        // buffer in one huge page is one DMA segment, where 4 KiB pages would split a 1 MiB I/O
+        // past the device's segment limit.
         // SAFETY: base is a live mapping of `bytes` bytes; these calls only give hints or lock.
         let locked = unsafe {
             libc::madvise(base, bytes, libc::MADV_HUGEPAGE);
             libc::mlock(base, bytes) == 0
         };
+        if !locked {
+            // Unlocked: fault the pages in now rather than on the first I/O.
+            // SAFETY: base is a live, writable mapping of `bytes` bytes.
+            unsafe { libc::madvise(base, bytes, libc::MADV_POPULATE_WRITE) };
+        }
         if !locked && !LOCK_REFUSED_LOGGED.swap(true, Ordering::Relaxed) {
             log::warn!(
                 "could not lock the {bytes}-byte buffer arena ({}); using unlocked memory",
