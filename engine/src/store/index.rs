@@ -1,7 +1,6 @@
 //! The in-memory index of one shard: (bucket, key) → the newest version's chunk locations.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::format::{BUCKET_BYTES_MAX, KEY_BYTES_MAX};
 use crate::{Error, ErrorKind, Result};
@@ -203,9 +202,13 @@ impl ObjectMeta {
     }
 }
 
+/// A hash map from key to record: a point lookup touches one or two cache lines, where an
+/// ordered tree chased a pointer to a key for every comparison (measured: the tree's search was
+/// a fifth of a shard's CPU time in 4 KiB random reads). Listing scans the shard's map instead;
+/// it is bounded by the page size in memory, not in time (see `list`).
 #[derive(Default)]
 pub struct Index {
-    objects: BTreeMap<ObjectKey, ObjectRecord>,
+    objects: HashMap<ObjectKey, ObjectRecord>,
     bytes: u64,
 }
 
@@ -253,6 +256,15 @@ impl Index {
         self.objects.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Bytes of object data indexed.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// (key, seq, dirty) of every object with a chunk in `region`. A full walk of the index:
     /// only for the rare reclaim of a region with damaged headers.
     pub fn in_region(&self, region: u32) -> Vec<(ObjectKey, u64, bool)> {
@@ -268,31 +280,36 @@ impl Index {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
-    }
-
-    /// Bytes of object data indexed.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Up to `limit` objects whose joined key starts with `prefix`, after `start_after`.
+    /// Up to `limit` objects whose joined key starts with `prefix`, after `start_after`, in key
+    /// order. One pass over the shard's index, keeping the `limit` smallest matches in a heap:
+    /// memory is bounded by the page, time by the number of objects in the shard.
     pub fn list(
         &self,
         prefix: &ObjectKey,
         start_after: Option<&ObjectKey>,
         limit: usize,
     ) -> Vec<ObjectMeta> {
-        let lower = match start_after {
-            Some(after) if after > prefix => Bound::Excluded(after.clone()),
-            _ => Bound::Included(prefix.clone()),
-        };
-        self.objects
-            .range((lower, Bound::Unbounded))
-            .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
-            .take(limit)
-            .map(|(key, record)| ObjectMeta::of(key, record))
+        if limit == 0 {
+            return Vec::new();
+        }
+        let mut smallest: BinaryHeap<&ObjectKey> = BinaryHeap::with_capacity(limit + 1);
+        for key in self.objects.keys() {
+            let wanted = key.as_bytes().starts_with(prefix.as_bytes())
+                && start_after.is_none_or(|after| key > after);
+            if !wanted {
+                continue;
+            }
+            if smallest.len() < limit {
+                smallest.push(key);
+            } else if smallest.peek().is_some_and(|largest| key < *largest) {
+                smallest.pop();
+                smallest.push(key);
+            }
+        }
+        smallest
+            .into_sorted_vec()
+            .into_iter()
+            .map(|key| ObjectMeta::of(key, &self.objects[key]))
             .collect()
     }
 }

@@ -1,0 +1,182 @@
+//! The per-core runtime on its own: timers, cross-thread channels, the in-flight bound, and the
+//! rule that a buffer handed to the ring stays with the ring until its completion arrives.
+
+mod common;
+
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use hydrant_engine::buf::{Arena, IoBuf};
+use hydrant_engine::rt::channel::{bounded, oneshot};
+use hydrant_engine::rt::op::{read_at, write_at, FileRef};
+use hydrant_engine::rt::{
+    block_on, current_reactor, spawn, start_thread, time::sleep, ReactorConfig,
+};
+
+/// Run `body` on a fresh shard thread and return its result.
+fn on_shard<T, F, Fut>(config: ReactorConfig, body: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+{
+    let (reply, answer) = oneshot();
+    let thread = start_thread("test-shard".into(), None, config, move || async move {
+        reply.send(body().await);
+    })
+    .unwrap();
+    let result = block_on(answer).expect("the shard answered");
+    thread.join().unwrap();
+    result
+}
+
+fn direct_file(dir: &TempDir, bytes: usize) -> std::fs::File {
+    let path = dir.file("runtime.dat");
+    std::fs::write(&path, vec![0u8; bytes]).unwrap();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap()
+}
+
+#[test]
+fn a_sleeping_shard_wakes_on_its_timer() {
+    let elapsed = on_shard(ReactorConfig::default(), || async {
+        let started = Instant::now();
+        sleep(Duration::from_millis(30)).await;
+        started.elapsed()
+    });
+    assert!(elapsed >= Duration::from_millis(30), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn a_bounded_channel_carries_everything_and_refuses_past_its_capacity() {
+    let (sender, receiver) = bounded::<u64>(4);
+    for value in 0..4 {
+        sender.try_send(value).unwrap();
+    }
+    assert_eq!(sender.try_send(99), Err(99), "a full channel refuses");
+    let producers: Vec<_> = (0..2u64)
+        .map(|producer| {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                for value in 0..1000u64 {
+                    block_on(sender.send(producer * 1_000_000 + value)).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(sender);
+    let (sum, count) = on_shard(ReactorConfig::default(), move || async move {
+        let mut sum = 0u64;
+        let mut count = 0u64;
+        while let Some(value) = receiver.recv().await {
+            sum += value;
+            count += 1;
+        }
+        (sum, count)
+    });
+    for producer in producers {
+        producer.join().unwrap();
+    }
+    let expected: u64 = (0..4).sum::<u64>()
+        + (0..1000u64)
+            .map(|value| value + value + 1_000_000)
+            .sum::<u64>();
+    assert_eq!(count, 2004);
+    assert_eq!(sum, expected);
+}
+
+#[test]
+fn in_flight_io_stays_under_the_bound() {
+    let dir = TempDir::new("runtime-bound");
+    let file = direct_file(&dir, 1 << 20);
+    let fd = file.as_raw_fd();
+    let config = ReactorConfig {
+        io_depth_max: 8,
+        ..ReactorConfig::default()
+    };
+    let (highest, reads) = on_shard(config, move || async move {
+        let arena = Arena::new(16 << 20).unwrap();
+        let highest = Rc::new(std::cell::Cell::new(0usize));
+        let tasks: Vec<_> = (0..200u64)
+            .map(|index| {
+                let buf = arena.allocate(4096);
+                let highest = highest.clone();
+                spawn(async move {
+                    let read = read_at(FileRef::Raw(fd), buf, (index % 256) * 4096, 4096);
+                    let mut read = pin!(read);
+                    let result = std::future::poll_fn(|context| {
+                        let poll = read.as_mut().poll(context);
+                        highest.set(highest.get().max(current_reactor().in_flight()));
+                        poll
+                    })
+                    .await;
+                    result.0.unwrap()
+                })
+            })
+            .collect();
+        let mut reads = 0;
+        for task in tasks {
+            reads += task.await;
+        }
+        (highest.get(), reads)
+    });
+    assert_eq!(reads, 200 * 4096);
+    assert!(
+        highest <= 8,
+        "at most 8 operations in flight, saw {highest}"
+    );
+    assert!(highest > 1, "operations did run concurrently");
+    drop(file);
+}
+
+#[test]
+fn a_dropped_read_leaves_its_buffer_with_the_ring_until_completion() {
+    let dir = TempDir::new("runtime-drop");
+    let file = direct_file(&dir, 1 << 20);
+    let fd = file.as_raw_fd();
+    let (in_flight_after_drop, in_flight_later, still_works) =
+        on_shard(ReactorConfig::default(), move || async move {
+            let reactor = current_reactor();
+            {
+                let read = read_at(FileRef::Raw(fd), IoBuf::heap(1 << 20), 0, 1 << 20);
+                let mut read = pin!(read);
+                let mut context = Context::from_waker(Waker::noop());
+                // One poll submits the read; then the future is dropped with the read in flight.
+                assert!(read.as_mut().poll(&mut context).is_pending());
+            }
+            let in_flight_after_drop = reactor.in_flight();
+            // The completion still arrives and frees the slot (and the buffer) it kept.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while reactor.in_flight() > 0 && Instant::now() < deadline {
+                sleep(Duration::from_millis(1)).await;
+            }
+            let in_flight_later = reactor.in_flight();
+            let mut buf = IoBuf::heap(4096);
+            buf.set_len(4096);
+            buf.as_mut_slice().fill(0xAB);
+            let (written, _) = write_at(FileRef::Raw(fd), buf, 8192).await;
+            let (read, buf) = read_at(FileRef::Raw(fd), IoBuf::heap(4096), 8192, 4096).await;
+            let still_works = written.is_ok()
+                && read.unwrap() == 4096
+                && buf.as_slice().iter().all(|&byte| byte == 0xAB);
+            (in_flight_after_drop, in_flight_later, still_works)
+        });
+    assert_eq!(
+        in_flight_after_drop, 1,
+        "the abandoned read is still owned by the ring"
+    );
+    assert_eq!(in_flight_later, 0, "its completion freed it");
+    assert!(still_works);
+    drop(file);
+}
