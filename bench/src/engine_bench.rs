@@ -62,18 +62,19 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// Put `count` objects made by `make` on shard 0, FILL_DEPTH at a time.
+/// Put `count` objects, `key(index)` holding `value(index)`, FILL_DEPTH at a time.
 async fn fill_shard(
     store: Rc<Store>,
     count: usize,
-    len: usize,
-    large: bool,
+    key: fn(usize) -> ObjectKey,
+    value: impl Fn(usize) -> Vec<u8> + Clone + 'static,
 ) -> hydrant_engine::Result<()> {
     let next = Rc::new(Cell::new(0usize));
     let workers: Vec<_> = (0..FILL_DEPTH)
         .map(|_| {
             let store = store.clone();
             let next = next.clone();
+            let value = value.clone();
             spawn(async move {
                 loop {
                     let index = next.get();
@@ -81,12 +82,7 @@ async fn fill_shard(
                         return Ok(());
                     }
                     next.set(index + 1);
-                    let key = if large {
-                        large_key(index)
-                    } else {
-                        small_key(index)
-                    };
-                    store.put(key, &object_bytes(index, len), false).await?;
+                    store.put(key(index), &value(index), false).await?;
                 }
             })
         })
@@ -120,10 +116,7 @@ async fn random_reads(
                     state ^= state >> 7;
                     state ^= state << 17;
                     let key = &keys[(state % keys.len() as u64) as usize];
-                    let read = store
-                        .get(key, None)
-                        .await?
-                        .expect("benchmark object is stored");
+                    let read = store.get(key, None).await?.ok_or_else(missing)?;
                     assert_eq!(read.len(), SMALL_OBJECT_BYTES);
                     done += 1;
                 }
@@ -159,10 +152,7 @@ async fn sequential_reads(
                 while Instant::now() < deadline {
                     let index = next.get();
                     next.set((index + 1) % keys.len());
-                    let read = store
-                        .get(&keys[index], None)
-                        .await?
-                        .expect("benchmark object is stored");
+                    let read = store.get(&keys[index], None).await?.ok_or_else(missing)?;
                     assert_eq!(read.len(), LARGE_OBJECT_BYTES);
                     bytes += read.len() as u64;
                 }
@@ -175,6 +165,13 @@ async fn sequential_reads(
         total += worker.await?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+fn missing() -> hydrant_engine::Error {
+    hydrant_engine::Error::new(
+        hydrant_engine::ErrorKind::InvalidConfig,
+        "a benchmark object was evicted: the file is too small for the data set",
+    )
 }
 
 fn engine_error(error: hydrant_engine::Error) -> String {
@@ -209,16 +206,23 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     config.cpus = Some(vec![args.cpu]);
     let engine = Engine::open(config).map_err(engine_error)?;
     // Small objects take 8 KiB each on disk (header + data), large ones 1 MiB + 4 KiB: fill
-    // about 40% of the file with each.
-    let small_count = (bytes * 4 / 10 / 8192) as usize;
-    let large_count = (bytes * 4 / 10 / (MIB + 4096)) as usize;
+    // about 40% of the usable space with each.
+    // Usable space leaves out the superblocks and the regions kept free for reclaim (three
+    // 64 MiB regions, with room to spare), so that nothing stored is evicted.
+    let usable = bytes - MIB - 3 * 64 * MIB;
+    let small_count = (usable * 4 / 10 / 8192) as usize;
+    let large_count = (usable * 4 / 10 / (MIB + 4096)) as usize;
     let started = Instant::now();
     block_on(engine.on_shard(0, move |store| {
-        fill_shard(store, small_count, SMALL_OBJECT_BYTES, false)
+        fill_shard(store, small_count, small_key, |index| {
+            object_bytes(index, SMALL_OBJECT_BYTES)
+        })
     }))
     .map_err(engine_error)?;
     block_on(engine.on_shard(0, move |store| {
-        fill_shard(store, large_count, LARGE_OBJECT_BYTES, true)
+        fill_shard(store, large_count, large_key, |index| {
+            object_bytes(index, LARGE_OBJECT_BYTES)
+        })
     }))
     .map_err(engine_error)?;
     println!(
@@ -317,6 +321,10 @@ pub struct IndexMemoryArgs {
     objects: usize,
 }
 
+fn dataset_object_key(index: usize) -> ObjectKey {
+    ObjectKey::new("datasets", &dataset_key(index)).expect("valid key")
+}
+
 fn dataset_key(index: usize) -> String {
     // A typical dataset key: 39 bytes.
     format!("train/shard-{:05}/sample-{index:010}.jpg", index / 1000)
@@ -336,29 +344,8 @@ pub fn index_memory(args: IndexMemoryArgs) -> Result<(), String> {
     block_on(engine.put("warm", "up", vec![1; 16])).map_err(engine_error)?;
     block_on(engine.delete("warm", "up")).map_err(engine_error)?;
     let before = crate::alloc_counter::live_bytes();
-    block_on(engine.on_shard(0, move |store| async move {
-        let next = Rc::new(Cell::new(0usize));
-        let workers: Vec<_> = (0..FILL_DEPTH)
-            .map(|_| {
-                let store = store.clone();
-                let next = next.clone();
-                spawn(async move {
-                    loop {
-                        let index = next.get();
-                        if index >= objects {
-                            return Ok::<(), hydrant_engine::Error>(());
-                        }
-                        next.set(index + 1);
-                        let key = ObjectKey::new("datasets", &dataset_key(index))?;
-                        store.put(key, &[7u8; 4096], false).await?;
-                    }
-                })
-            })
-            .collect();
-        for worker in workers {
-            worker.await?;
-        }
-        Ok(())
+    block_on(engine.on_shard(0, move |store| {
+        fill_shard(store, objects, dataset_object_key, |_| vec![7u8; 4096])
     }))
     .map_err(engine_error)?;
     let after = crate::alloc_counter::live_bytes();

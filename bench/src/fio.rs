@@ -40,21 +40,13 @@ pub fn run(
     if let Some(cpu) = cpu {
         command.arg(format!("--cpus_allowed={cpu}"));
     }
-    let output = command
-        .output()
-        .map_err(|error| format!("cannot run fio (apt-get install -y fio): {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    parse(&output.stdout)
+    parse(&execute(&mut command)?)
 }
 
 /// Fill `bytes` of `path` with sequential writes, so that later reads touch written blocks.
 pub fn fill(path: &Path, bytes: u64) -> Result<(), String> {
-    let output = Command::new("fio")
+    let mut command = Command::new("fio");
+    command
         .arg("--name=fill")
         .arg(format!("--filename={}", path.display()))
         .args([
@@ -65,7 +57,13 @@ pub fn fill(path: &Path, bytes: u64) -> Result<(), String> {
             "--direct=1",
         ])
         .arg(format!("--size={bytes}"))
-        .arg("--output-format=json")
+        .arg("--output-format=json");
+    execute(&mut command).map(|_| ())
+}
+
+/// Run fio and return what it printed on stdout.
+fn execute(command: &mut Command) -> Result<Vec<u8>, String> {
+    let output = command
         .output()
         .map_err(|error| format!("cannot run fio (apt-get install -y fio): {error}"))?;
     if !output.status.success() {
@@ -74,7 +72,7 @@ pub fn fill(path: &Path, bytes: u64) -> Result<(), String> {
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    Ok(())
+    Ok(output.stdout)
 }
 
 fn parse(json: &[u8]) -> Result<FioResult, String> {
