@@ -132,6 +132,8 @@ pub struct Counters {
     pub relocations: u64,
     pub reclaims: u64,
     pub checksum_errors: u64,
+    /// Entries written again because reclaim took their region before their operation finished.
+    pub rewrites: u64,
     /// Found while recovering: entry headers that failed their checksum and were skipped.
     pub damaged_headers: u64,
     /// Found while recovering: the tail region ended in an entry that was not fully written.
@@ -164,6 +166,32 @@ struct PendingKey {
     newest_finished: u64,
     running: u32,
 }
+
+/// An entry written for an operation in progress, and the region_seq of the region it went into
+/// (which changes if the region is reclaimed before the operation is applied).
+struct PlacedEntry {
+    location: Location,
+    region_seq: u64,
+}
+
+impl PlacedEntry {
+    fn offset(&self) -> u64 {
+        self.location.block as u64 * BLOCK_BYTES as u64
+    }
+}
+
+/// How many times a get restarts because the version it was reading was replaced midway.
+const GET_ATTEMPTS_MAX: usize = 3;
+
+enum VersionRead {
+    Read(ObjectRead),
+    Absent,
+    Replaced,
+}
+
+/// How many times an operation rewrites entries that reclaim took from under it before it
+/// gives up with a retriable NoSpace.
+const REWRITE_ATTEMPTS_MAX: usize = 3;
 
 /// Free regions kept in reserve: reclaim starts when fewer remain, so that relocating the
 /// oldest region's live entries always has somewhere to go.
@@ -324,6 +352,26 @@ impl Store {
         range: Option<ByteRange>,
     ) -> Result<Option<ObjectRead>> {
         self.count(|counters| counters.gets += 1);
+        // A multi-chunk read restarts when the version it was reading is replaced midway.
+        for _ in 0..GET_ATTEMPTS_MAX {
+            match self.read_version(key, range).await? {
+                VersionRead::Read(read) => {
+                    self.count(|counters| {
+                        counters.hits += 1;
+                        counters.bytes_read += read.len() as u64;
+                    });
+                    return Ok(Some(read));
+                }
+                VersionRead::Absent => break,
+                VersionRead::Replaced => continue,
+            }
+        }
+        self.count(|counters| counters.misses += 1);
+        Ok(None)
+    }
+
+    /// Read the indexed version of `key`, as long as it stays indexed.
+    async fn read_version(&self, key: &ObjectKey, range: Option<ByteRange>) -> Result<VersionRead> {
         let record = {
             let mut index = self.index.borrow_mut();
             match index.get_mut(key) {
@@ -331,10 +379,7 @@ impl Store {
                     record.flags |= RECORD_FLAG_VISITED;
                     record.clone()
                 }
-                None => {
-                    self.count(|counters| counters.misses += 1);
-                    return Ok(None);
-                }
+                None => return Ok(VersionRead::Absent),
             }
         };
         let (start, end) = resolve_range(range, record.bytes)?;
@@ -347,7 +392,7 @@ impl Store {
                 let want = (start.max(chunk_start) - chunk_start) as u32
                     ..(end.min(chunk_start + data_bytes) - chunk_start) as u32;
                 // Look later chunks up again: reclaim may have moved them while earlier chunks
-                // were read. If the version is gone (evicted, replaced), so is this read.
+                // were read.
                 let location = if chunk == start / chunk_bytes {
                     Some(record.chunks.get(chunk as usize))
                 } else {
@@ -358,8 +403,7 @@ impl Store {
                         .map(|current| current.chunks.get(chunk as usize))
                 };
                 let Some(location) = location else {
-                    self.count(|counters| counters.misses += 1);
-                    return Ok(None);
+                    return Ok(VersionRead::Replaced);
                 };
                 let read = self.read_chunk(
                     key,
@@ -372,11 +416,7 @@ impl Store {
                 parts.push(read.await?);
             }
         }
-        self.count(|counters| {
-            counters.hits += 1;
-            counters.bytes_read += end - start;
-        });
-        Ok(Some(ObjectRead {
+        Ok(VersionRead::Read(ObjectRead {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
@@ -518,10 +558,56 @@ impl Store {
     /// `dirty` pins it until it is written back to the origin.
     pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
         self.writable()?;
-        let seq = self.begin_operation(&key);
-        let result = self.write_object(&key, data, seq, dirty).await;
-        self.finish_operation(&key, seq, result.is_ok());
-        let meta = result?;
+        let limit = self.object_bytes_limit();
+        if data.len() as u64 > limit {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object of {} bytes does not fit beside the rest of shard {}: its limit is {limit} bytes",
+                    data.len(),
+                    self.shard
+                ),
+            ));
+        }
+        let chunk_bytes = self.geometry.chunk_bytes as usize;
+        let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
+        let flags = if dirty { ENTRY_FLAG_DIRTY } else { 0 };
+        let entries = (0..chunk_count)
+            .map(|chunk| {
+                let piece = &data[(chunk * chunk_bytes).min(data.len())
+                    ..((chunk + 1) * chunk_bytes).min(data.len())];
+                let header = EntryHeader {
+                    kind: EntryKind::Chunk,
+                    flags,
+                    chunk_index: chunk as u32,
+                    chunk_count: chunk_count as u32,
+                    data_bytes: piece.len() as u32,
+                    seq: 0, // taken when the first chunk is placed
+                    region_seq: 0,
+                    object_bytes: data.len() as u64,
+                    etag: Vec::new(),
+                    bucket: key.bucket_bytes().to_vec(),
+                    key: key.key_bytes().to_vec(),
+                    data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
+                };
+                (header, piece)
+            })
+            .collect();
+        let meta = self
+            .write_operation(&key, entries, |seq, locations| {
+                let record = ObjectRecord {
+                    seq,
+                    bytes: data.len() as u64,
+                    flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
+                    chunks: Chunks::from_vec(locations),
+                };
+                let meta = ObjectMeta::of(&key, &record);
+                if seq > self.pending.borrow()[&key].newest_finished {
+                    self.index.borrow_mut().install(key.clone(), record);
+                }
+                meta
+            })
+            .await?;
         self.count(|counters| {
             counters.puts += 1;
             counters.bytes_written += data.len() as u64;
@@ -529,66 +615,24 @@ impl Store {
         Ok(meta)
     }
 
-    async fn write_object(
-        &self,
-        key: &ObjectKey,
-        data: &[u8],
-        seq: u64,
-        dirty: bool,
-    ) -> Result<ObjectMeta> {
-        let chunk_bytes = self.geometry.chunk_bytes as usize;
-        let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
-        let flags = if dirty { ENTRY_FLAG_DIRTY } else { 0 };
-        let mut locations = Vec::with_capacity(chunk_count);
-        for chunk in 0..chunk_count {
-            let piece = &data[(chunk * chunk_bytes).min(data.len())
-                ..((chunk + 1) * chunk_bytes).min(data.len())];
-            let header = EntryHeader {
-                kind: EntryKind::Chunk,
-                flags,
-                chunk_index: chunk as u32,
-                chunk_count: chunk_count as u32,
-                data_bytes: piece.len() as u32,
-                seq,
-                region_seq: 0, // set once the entry has a place
-                object_bytes: data.len() as u64,
-                etag: Vec::new(),
-                bucket: key.bucket_bytes().to_vec(),
-                key: key.key_bytes().to_vec(),
-                data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
-            };
-            locations.push(self.write_entry(header, piece).await?);
-        }
-        let last = *locations.last().expect("at least one chunk");
-        self.wait_earlier_writes(last.region as usize, last.block as u64 * BLOCK_BYTES as u64)
-            .await;
-        self.make_durable().await?;
-        let record = ObjectRecord {
-            seq,
-            bytes: data.len() as u64,
-            flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
-            chunks: Chunks::from_vec(locations),
-        };
-        let meta = ObjectMeta::of(key, &record);
-        if seq > self.pending.borrow()[key].newest_finished {
-            self.index.borrow_mut().install(key.clone(), record);
-        }
-        Ok(meta)
+    /// The largest object a put accepts on this shard: half of what its regions can hold beside
+    /// the reserve that reclaim needs, so that writing it never has to reclaim its own chunks.
+    fn object_bytes_limit(&self) -> u64 {
+        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE + 1) as u64;
+        usable_regions * (self.geometry.region_bytes - BLOCK_BYTES as u64) / 2
     }
 
     /// Delete `key`; returns whether it was stored. A tombstone is written (and made durable)
     /// either way, so that no older copy on the device can come back after a restart.
     pub async fn delete(&self, key: ObjectKey) -> Result<bool> {
         self.writable()?;
-        let existed = self.index.borrow().get(&key).is_some();
-        let seq = self.begin_operation(&key);
         let header = EntryHeader {
             kind: EntryKind::Tombstone,
             flags: 0,
             chunk_index: 0,
             chunk_count: 0,
             data_bytes: 0,
-            seq,
+            seq: 0,
             region_seq: 0,
             object_bytes: 0,
             etag: Vec::new(),
@@ -596,22 +640,89 @@ impl Store {
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),
         };
+        let existed = self
+            .write_operation(&key, vec![(header, &[][..])], |seq, _| {
+                self.index
+                    .borrow_mut()
+                    .remove_older(&key, seq, false)
+                    .is_some()
+            })
+            .await?;
+        self.count(|counters| counters.deletes += 1);
+        Ok(existed)
+    }
+
+    /// Write one operation's entries (a put's chunks, or a tombstone), make them durable, and
+    /// then `apply` it to the index.
+    ///
+    /// - The operation's seq is taken when its first entry is placed, so a key's operations sit
+    ///   in the log in seq order.
+    /// - It is acknowledged only once every write placed before its entries has completed (no
+    ///   hole before it for recovery to stop at) and a flush that started after that is done.
+    /// - Reclaim does not know an operation until it is applied. If it reclaimed a region holding
+    ///   one of the entries meanwhile, those entries are written again.
+    /// - `apply` runs right after the last check, with no await in between, so the index never
+    ///   points into a region that was reclaimed under the operation.
+    async fn write_operation<T>(
+        &self,
+        key: &ObjectKey,
+        mut entries: Vec<(EntryHeader, &[u8])>,
+        apply: impl FnOnce(u64, Vec<Location>) -> T,
+    ) -> Result<T> {
+        let first = self.entry_buffer(&entries[0].0, entries[0].1);
+        let (place, seq) = self.allocate_operation(first.len() as u64, key).await?;
         let result = async {
-            let location = self.write_entry(header, &[]).await?;
-            self.wait_earlier_writes(
-                location.region as usize,
-                location.block as u64 * BLOCK_BYTES as u64,
-            )
-            .await;
-            self.make_durable().await
+            for (header, _) in entries.iter_mut() {
+                header.seq = seq;
+            }
+            let mut placed = Vec::with_capacity(entries.len());
+            placed.push(
+                self.write_placed_entry(entries[0].0.clone(), first, place)
+                    .await?,
+            );
+            for (header, data) in &entries[1..] {
+                placed.push(self.write_entry(header.clone(), data).await?);
+            }
+            let mut apply = Some(apply);
+            for _ in 0..REWRITE_ATTEMPTS_MAX {
+                for entry in &placed {
+                    self.wait_earlier_writes(entry.location.region as usize, entry.offset())
+                        .await;
+                }
+                self.make_durable().await?;
+                let stale: Vec<usize> = {
+                    let regions = self.regions.borrow();
+                    (0..placed.len())
+                        .filter(|&index| {
+                            let entry = &placed[index];
+                            regions[entry.location.region as usize].region_seq != entry.region_seq
+                        })
+                        .collect()
+                };
+                if stale.is_empty() {
+                    let locations = placed.iter().map(|entry| entry.location).collect();
+                    let apply = apply.take().expect("applied once");
+                    return Ok(apply(seq, locations));
+                }
+                self.count(|counters| counters.rewrites += stale.len() as u64);
+                for index in stale {
+                    let (header, data) = &entries[index];
+                    placed[index] = self.write_entry(header.clone(), data).await?;
+                }
+            }
+            Err(Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "shard {} reclaimed space under {}/{} faster than it could be written; retry",
+                    self.shard,
+                    key.bucket(),
+                    key.key()
+                ),
+            ))
         }
         .await;
-        if result.is_ok() {
-            self.index.borrow_mut().remove_older(&key, seq, false);
-            self.count(|counters| counters.deletes += 1);
-        }
-        self.finish_operation(&key, seq, result.is_ok());
-        result.map(|()| existed)
+        self.finish_operation(key, seq, result.is_ok());
+        result
     }
 
     fn begin_operation(&self, key: &ObjectKey) -> u64 {
@@ -647,25 +758,41 @@ impl Store {
         }
     }
 
-    /// Write one entry (header and data) into the log; returns where it went. Not yet durable.
-    async fn write_entry(&self, mut header: EntryHeader, data: &[u8]) -> Result<Location> {
+    /// A pinned buffer holding an entry's data after room for its header, padded with zeros.
+    fn entry_buffer(&self, header: &EntryHeader, data: &[u8]) -> IoBuf {
         let entry_bytes = header.entry_bytes() as usize;
         let mut buf = self.arena.allocate(entry_bytes);
         buf.set_len(entry_bytes);
-        {
-            let bytes = buf.as_mut_slice();
-            bytes[BLOCK_BYTES..BLOCK_BYTES + data.len()].copy_from_slice(data);
-            bytes[BLOCK_BYTES + data.len()..].fill(0);
-        }
-        let first_crc = header.data_crcs.first().copied().unwrap_or(0);
-        let place = self.allocate(entry_bytes as u64).await?;
+        let bytes = buf.as_mut_slice();
+        bytes[BLOCK_BYTES..BLOCK_BYTES + data.len()].copy_from_slice(data);
+        bytes[BLOCK_BYTES + data.len()..].fill(0);
+        buf
+    }
+
+    /// Write one entry (header and data) into the log; returns where it went. Not yet durable.
+    async fn write_entry(&self, header: EntryHeader, data: &[u8]) -> Result<PlacedEntry> {
+        let buf = self.entry_buffer(&header, data);
+        let place = self.allocate(buf.len() as u64).await?;
+        self.write_placed_entry(header, buf, place).await
+    }
+
+    /// Seal `header` (with its place's region_seq) into `buf` and write it where it was placed.
+    async fn write_placed_entry(
+        &self,
+        mut header: EntryHeader,
+        mut buf: IoBuf,
+        place: space::Place,
+    ) -> Result<PlacedEntry> {
         header.region_seq = place.region_seq;
         header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
         self.write_placed(&place, buf).await?;
-        Ok(Location {
-            region: place.region as u32,
-            block: (place.offset / BLOCK_BYTES as u64) as u32,
-            first_crc,
+        Ok(PlacedEntry {
+            location: Location {
+                region: place.region as u32,
+                block: (place.offset / BLOCK_BYTES as u64) as u32,
+                first_crc: header.data_crcs.first().copied().unwrap_or(0),
+            },
+            region_seq: place.region_seq,
         })
     }
 

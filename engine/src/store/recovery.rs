@@ -200,7 +200,12 @@ impl Store {
             let mut scan = self
                 .scan_region(region, region_seq, ScanMode::Sealed)
                 .await?;
-            if newest && !scan.ends_in_seal {
+            // A seal is trusted even when the scan skipped damaged headers to reach it: those
+            // are bit rot in a region whose writes all completed before the seal was written (a
+            // torn tail has no seal after it; a seal-shaped block inside data would need this
+            // region's region_seq and a valid checksum).
+            let trusted_seal = scan.ends_in_seal;
+            if newest && !trusted_seal {
                 scan = self.scan_region(region, region_seq, ScanMode::Tail).await?;
             }
             self.count(|counters| {
@@ -216,7 +221,7 @@ impl Store {
                 );
             }
             self.regions.borrow_mut()[region].region_seq = region_seq;
-            if newest && !scan.ends_in_seal {
+            if newest && !trusted_seal {
                 tail_end = Some((region, region_seq, scan.end));
             }
         }

@@ -22,6 +22,11 @@ use super::{Store, FREE_REGIONS_RESERVE};
 
 const RECLAIM_PASSES_MAX: u32 = 2;
 
+enum Reclaimed {
+    Freed,
+    Deferred,
+}
+
 /// Where `allocate` put an entry. The region counts it as a write in flight until
 /// `Store::write_placed` completes.
 pub(crate) struct Place {
@@ -36,6 +41,18 @@ impl Store {
     pub(super) async fn allocate(&self, bytes: u64) -> Result<Place> {
         let _section = self.allocation.enter().await;
         self.allocate_in_section(bytes).await
+    }
+
+    /// `allocate` for the first entry of an operation: the operation's seq is taken (and the
+    /// key marked pending) in the same step as the place, so that seqs follow log order.
+    pub(super) async fn allocate_operation(
+        &self,
+        bytes: u64,
+        key: &ObjectKey,
+    ) -> Result<(Place, u64)> {
+        let _section = self.allocation.enter().await;
+        let place = self.allocate_in_section(bytes).await?;
+        Ok((place, self.begin_operation(key)))
     }
 
     /// `allocate`, for callers already inside the allocation section (reclaim).
@@ -86,11 +103,11 @@ impl Store {
     async fn open_next_region(&self) -> Result<()> {
         let previous = self.log.borrow_mut().open.take();
         if let Some(previous) = previous {
+            self.log.borrow_mut().sealed.push_back(previous);
             while !self.regions.borrow()[previous].writes_in_flight.is_empty() {
                 self.region_idle.wait().await;
             }
             self.make_durable().await?;
-            self.log.borrow_mut().sealed.push_back(previous);
         }
         let next = self.log.borrow_mut().free.pop_front().ok_or_else(|| {
             Error::new(
@@ -123,6 +140,9 @@ impl Store {
             self.log.borrow_mut().free.push_front(next);
             return Err(error);
         }
+        // The header is durable before any entry behind it: a region_seq is never reused, even
+        // after a power loss.
+        self.make_durable().await?;
         self.regions.borrow_mut()[next].region_seq = region_seq;
         let mut log = self.log.borrow_mut();
         log.open = Some(next);
@@ -150,18 +170,30 @@ impl Store {
             let Some(victim) = self.log.borrow_mut().sealed.pop_front() else {
                 break;
             };
-            if let Err(error) = self.reclaim_region(victim).await {
-                self.log.borrow_mut().sealed.push_front(victim);
-                return Err(error);
+            let region_seq = self.regions.borrow()[victim].region_seq;
+            // Retire the region while it is reclaimed: an operation in progress with an entry
+            // in it sees the region_seq change and writes that entry again.
+            self.regions.borrow_mut()[victim].region_seq = 0;
+            match self.reclaim_region(victim, region_seq).await {
+                Ok(Reclaimed::Freed) => self.log.borrow_mut().free.push_back(victim),
+                Ok(Reclaimed::Deferred) => {
+                    self.regions.borrow_mut()[victim].region_seq = region_seq;
+                    self.log.borrow_mut().sealed.push_front(victim);
+                    break;
+                }
+                Err(error) => {
+                    self.regions.borrow_mut()[victim].region_seq = region_seq;
+                    self.log.borrow_mut().sealed.push_front(victim);
+                    return Err(error);
+                }
             }
-            self.log.borrow_mut().free.push_back(victim);
         }
         Ok(())
     }
 
-    /// Move what must stay out of `victim` and free it.
-    async fn reclaim_region(&self, victim: usize) -> Result<()> {
-        let region_seq = self.regions.borrow()[victim].region_seq;
+    /// Move what must stay out of `victim` (written under `region_seq`) and free it; or leave it
+    /// for later when a dirty version in it is being superseded right now.
+    async fn reclaim_region(&self, victim: usize, region_seq: u64) -> Result<Reclaimed> {
         let scan = self
             .scan_region(victim, region_seq, ScanMode::Sealed)
             .await?;
@@ -188,15 +220,21 @@ impl Store {
             if !live {
                 continue;
             }
-            // A clean version that a write in progress will replace is not worth moving; a dirty
-            // one is, since that write may still fail or be lost in a crash.
+            // A version that an operation in progress supersedes: a clean one is not worth
+            // moving. A dirty one may not be dropped (the operation may still fail) nor moved
+            // (its copy would land after the newer entry in the log, and outlive it once that
+            // entry's region is reclaimed): leave this region until the operation is done.
             let superseded = self
                 .pending
                 .borrow()
                 .get(&key)
                 .is_some_and(|pending| pending.newest_started > entry.header.seq);
             let dirty = entry.header.flags & crate::format::ENTRY_FLAG_DIRTY != 0;
-            let moved = if keep && (dirty || !superseded) {
+            if superseded && dirty {
+                self.clear_visited(relocated);
+                return Ok(Reclaimed::Deferred);
+            }
+            let moved = if keep && !superseded {
                 self.relocate(victim, entry.offset, entry.header.clone(), &key)
                     .await?
             } else {
@@ -211,16 +249,9 @@ impl Store {
                 self.count(|counters| counters.evictions += 1);
             }
         }
+        self.clear_visited(relocated);
         if scan.damaged_headers > 0 {
             self.drop_unreachable(victim)?;
-        }
-        {
-            let mut index = self.index.borrow_mut();
-            for key in relocated {
-                if let Some(record) = index.get_mut(&key) {
-                    record.flags &= !RECORD_FLAG_VISITED;
-                }
-            }
         }
         // Relocated copies must be durable before the victim's header is erased, and so must
         // every write placed before them (no new write is placed while reclaim holds the
@@ -236,9 +267,18 @@ impl Store {
         buf.set_len(BLOCK_BYTES);
         buf.as_mut_slice().fill(0);
         self.write_block(victim, 0, buf).await?;
-        self.regions.borrow_mut()[victim].region_seq = 0;
         self.count(|counters| counters.reclaims += 1);
-        Ok(())
+        Ok(Reclaimed::Freed)
+    }
+
+    /// Moved objects start a new round: their visited bits are cleared (SIEVE).
+    fn clear_visited(&self, relocated: Vec<ObjectKey>) {
+        let mut index = self.index.borrow_mut();
+        for key in relocated {
+            if let Some(record) = index.get_mut(&key) {
+                record.flags &= !RECORD_FLAG_VISITED;
+            }
+        }
     }
 
     /// A damaged header hid some entries of `victim` from the scan: evict the clean objects that
