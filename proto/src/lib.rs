@@ -1,4 +1,22 @@
-//! hydrant-proto: frames, opcodes and status codes of hydrant's wire protocol, with encode and
-//! decode and no I/O. The protocol itself is specified and built in issue 3; this crate holds its
-//! place in the workspace so that the dependency direction (server and client meet only here) is
-//! fixed from the start.
+//! hydrant-proto: the frames, opcodes and status codes of hydrant's wire protocol, with their
+//! encodings. No I/O: the server and the client meet here, and nowhere else.
+//!
+//! A frame is a fixed 48-byte header ([`FrameHeader`]), an opcode-specific extension (at most
+//! [`Limits::extension_bytes_max`], encoded with [`codec`]) and a payload of raw bytes (object
+//! data, unframed so that it can go straight to or from a pinned buffer). Every length is checked
+//! against the negotiated [`Limits`] before anything is allocated. The byte layout is in
+//! docs/protocol.md.
+
+pub mod codec;
+mod error;
+mod frame;
+mod limits;
+pub mod message;
+mod opcode;
+mod status;
+
+pub use error::ProtoError;
+pub use frame::{FrameFlags, FrameHeader, FRAME_HEADER_BYTES, PROTOCOL_MAGIC, PROTOCOL_VERSION};
+pub use limits::Limits;
+pub use opcode::Opcode;
+pub use status::{Status, StatusClass};

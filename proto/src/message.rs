@@ -1,0 +1,428 @@
+//! The extensions of each operation. Every `decode` reads exactly its input (trailing bytes are
+//! an error) and checks names and numbers against the protocol's bounds.
+
+use crate::codec::{Reader, Writer};
+use crate::{Limits, ProtoError};
+
+pub const BUCKET_BYTES_MAX: usize = 63;
+pub const KEY_BYTES_MAX: usize = 1024;
+pub const NONCE_BYTES: usize = 16;
+pub const PROOF_BYTES: usize = 32;
+
+/// An extension's encoding.
+pub trait Message: Sized {
+    fn encode_into(&self, writer: &mut Writer);
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError>;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        self.encode_into(&mut writer);
+        writer.finish()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, ProtoError> {
+        let mut reader = Reader::new(bytes);
+        let message = Self::decode_from(&mut reader)?;
+        reader.finish()?;
+        Ok(message)
+    }
+}
+
+/// HELLO from the client: the versions it speaks, its limits, a nonce, and (on the second HELLO
+/// when the server asked for it) the proof: HMAC-SHA256(token, server_nonce ‖ client_nonce).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloRequest {
+    pub version_min: u8,
+    pub version_max: u8,
+    pub limits: Limits,
+    pub client_nonce: [u8; NONCE_BYTES],
+    pub proof: Option<[u8; PROOF_BYTES]>,
+}
+
+impl Message for HelloRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u8(self.version_min);
+        writer.u8(self.version_max);
+        self.limits.encode(writer);
+        writer.fixed(&self.client_nonce);
+        match &self.proof {
+            Some(proof) => {
+                writer.u8(1);
+                writer.fixed(proof);
+            }
+            None => writer.u8(0),
+        }
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let version_min = reader.u8()?;
+        let version_max = reader.u8()?;
+        if version_min > version_max {
+            return Err(ProtoError::Malformed("version range is empty"));
+        }
+        let limits = Limits::decode(reader)?;
+        let client_nonce = reader.fixed()?;
+        let proof = match reader.u8()? {
+            0 => None,
+            1 => Some(reader.fixed()?),
+            _ => return Err(ProtoError::Malformed("proof marker is neither 0 nor 1")),
+        };
+        Ok(HelloRequest {
+            version_min,
+            version_max,
+            limits,
+            client_nonce,
+            proof,
+        })
+    }
+}
+
+/// HELLO's answer: the version and limits in force, the server's nonce, whether a proof is
+/// needed, and the shard map a shard-aware client routes by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloResponse {
+    pub version: u8,
+    pub limits: Limits,
+    pub server_nonce: [u8; NONCE_BYTES],
+    pub auth_required: bool,
+    pub shard_count: u16,
+    /// 1 = CRC32C(bucket ‖ 0x00 ‖ key) mod shard_count.
+    pub placement_hash: u32,
+}
+
+impl Message for HelloResponse {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u8(self.version);
+        self.limits.encode(writer);
+        writer.fixed(&self.server_nonce);
+        writer.u8(u8::from(self.auth_required));
+        writer.u16(self.shard_count);
+        writer.u32(self.placement_hash);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let version = reader.u8()?;
+        let limits = Limits::decode(reader)?;
+        let server_nonce = reader.fixed()?;
+        let auth_required = match reader.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(ProtoError::Malformed("auth flag is neither 0 nor 1")),
+        };
+        let shard_count = reader.u16()?;
+        if shard_count == 0 {
+            return Err(ProtoError::Malformed("no shards"));
+        }
+        Ok(HelloResponse {
+            version,
+            limits,
+            server_nonce,
+            auth_required,
+            shard_count,
+            placement_hash: reader.u32()?,
+        })
+    }
+}
+
+/// A bucket and a key. The bucket is 1–63 bytes of `a-z 0-9 . - _`; the key 1–1024 bytes of UTF-8
+/// without NUL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectName {
+    pub bucket: String,
+    pub key: String,
+}
+
+fn check_bucket(bucket: &str) -> Result<(), ProtoError> {
+    let valid = !bucket.is_empty()
+        && bucket.len() <= BUCKET_BYTES_MAX
+        && bucket.bytes().all(|byte| {
+            byte.is_ascii_lowercase() || byte.is_ascii_digit() || b".-_".contains(&byte)
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(ProtoError::Malformed("invalid bucket name"))
+    }
+}
+
+impl Message for ObjectName {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.key.as_bytes());
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
+        check_bucket(bucket)?;
+        let key = reader.text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?;
+        if key.is_empty() || key.contains('\0') {
+            return Err(ProtoError::Malformed("empty key or key with NUL"));
+        }
+        Ok(ObjectName {
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+        })
+    }
+}
+
+/// GET: a whole object, or bytes `range_start` up to `range_end` (exclusive).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GetRequest {
+    pub name: ObjectName,
+    pub range_start: u64,
+    pub range_end: Option<u64>,
+}
+
+impl Message for GetRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        self.name.encode_into(writer);
+        writer.u64(self.range_start);
+        writer.u64(self.range_end.unwrap_or(u64::MAX));
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let name = ObjectName::decode_from(reader)?;
+        let range_start = reader.u64()?;
+        let range_end = match reader.u64()? {
+            u64::MAX => None,
+            end if end < range_start => {
+                return Err(ProtoError::Malformed("range ends before it starts"))
+            }
+            end => Some(end),
+        };
+        Ok(GetRequest {
+            name,
+            range_start,
+            range_end,
+        })
+    }
+}
+
+/// GET's answer (the payload carries the bytes): the object's size and version, and where in it
+/// the payload starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub object_bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
+    pub range_start: u64,
+}
+
+impl Message for ObjectInfo {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u64(self.object_bytes);
+        writer.u64(self.seq);
+        writer.u8(u8::from(self.dirty));
+        writer.u64(self.range_start);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let object_bytes = reader.u64()?;
+        let seq = reader.u64()?;
+        let dirty = match reader.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(ProtoError::Malformed("dirty flag is neither 0 nor 1")),
+        };
+        let range_start = reader.u64()?;
+        if range_start > object_bytes {
+            return Err(ProtoError::Malformed("range starts past the object"));
+        }
+        Ok(ObjectInfo {
+            object_bytes,
+            seq,
+            dirty,
+            range_start,
+        })
+    }
+}
+
+/// PUT: the object's total size; its bytes follow as the payload of this frame and of the
+/// frames flagged MORE after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutRequest {
+    pub name: ObjectName,
+    pub object_bytes: u64,
+}
+
+impl Message for PutRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        self.name.encode_into(writer);
+        writer.u64(self.object_bytes);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(PutRequest {
+            name: ObjectName::decode_from(reader)?,
+            object_bytes: reader.u64()?,
+        })
+    }
+}
+
+/// LIST: up to `limit` keys of a bucket starting with `prefix`, after `start_after`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListRequest {
+    pub bucket: String,
+    pub prefix: String,
+    pub start_after: Option<String>,
+    pub limit: u32,
+}
+
+impl Message for ListRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.prefix.as_bytes());
+        match &self.start_after {
+            Some(after) => {
+                writer.u8(1);
+                writer.bytes16(after.as_bytes());
+            }
+            None => writer.u8(0),
+        }
+        writer.u32(self.limit);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
+        check_bucket(bucket)?;
+        let prefix = reader
+            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
+            .to_string();
+        let start_after = match reader.u8()? {
+            0 => None,
+            1 => Some(
+                reader
+                    .text16(KEY_BYTES_MAX, "start_after longer than 1024 bytes")?
+                    .to_string(),
+            ),
+            _ => {
+                return Err(ProtoError::Malformed(
+                    "start_after marker is neither 0 nor 1",
+                ))
+            }
+        };
+        let limit = reader.u32()?;
+        if limit == 0 {
+            return Err(ProtoError::Malformed("a list of at most 0 keys"));
+        }
+        Ok(ListRequest {
+            bucket: bucket.to_string(),
+            prefix,
+            start_after,
+            limit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name() -> ObjectName {
+        ObjectName {
+            bucket: "datasets".into(),
+            key: "train/shard-0001.tar".into(),
+        }
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let hello = HelloRequest {
+            version_min: 1,
+            version_max: 1,
+            limits: Limits::default(),
+            client_nonce: [7; NONCE_BYTES],
+            proof: Some([9; PROOF_BYTES]),
+        };
+        assert_eq!(HelloRequest::decode(&hello.encode()), Ok(hello));
+        let answer = HelloResponse {
+            version: 1,
+            limits: Limits::default(),
+            server_nonce: [3; NONCE_BYTES],
+            auth_required: true,
+            shard_count: 2,
+            placement_hash: 1,
+        };
+        assert_eq!(HelloResponse::decode(&answer.encode()), Ok(answer));
+        let get = GetRequest {
+            name: name(),
+            range_start: 10,
+            range_end: Some(20),
+        };
+        assert_eq!(GetRequest::decode(&get.encode()), Ok(get));
+        let whole = GetRequest {
+            name: name(),
+            range_start: 0,
+            range_end: None,
+        };
+        assert_eq!(GetRequest::decode(&whole.encode()), Ok(whole));
+        let info = ObjectInfo {
+            object_bytes: 100,
+            seq: 5,
+            dirty: true,
+            range_start: 10,
+        };
+        assert_eq!(ObjectInfo::decode(&info.encode()), Ok(info));
+        let put = PutRequest {
+            name: name(),
+            object_bytes: 1 << 40,
+        };
+        assert_eq!(PutRequest::decode(&put.encode()), Ok(put));
+        let list = ListRequest {
+            bucket: "datasets".into(),
+            prefix: "train/".into(),
+            start_after: Some("train/a".into()),
+            limit: 100,
+        };
+        assert_eq!(ListRequest::decode(&list.encode()), Ok(list));
+    }
+
+    #[test]
+    fn bad_contents_are_refused() {
+        let mut bad_bucket = Writer::new();
+        bad_bucket.bytes16(b"Data");
+        bad_bucket.bytes16(b"key");
+        assert!(ObjectName::decode(&bad_bucket.finish()).is_err());
+        let long_key = ObjectName {
+            bucket: "b".into(),
+            key: "k".repeat(1025),
+        };
+        assert!(ObjectName::decode(&long_key.encode()).is_err());
+        let empty_key = ObjectName {
+            bucket: "b".into(),
+            key: String::new(),
+        };
+        assert!(ObjectName::decode(&empty_key.encode()).is_err());
+        let mut trailing = name().encode();
+        trailing.push(0);
+        assert_eq!(
+            ObjectName::decode(&trailing),
+            Err(ProtoError::Malformed("trailing bytes after the extension"))
+        );
+        let backwards = GetRequest {
+            name: name(),
+            range_start: 20,
+            range_end: Some(10),
+        };
+        assert!(GetRequest::decode(&backwards.encode()).is_err());
+        let small_limits = Limits {
+            extension_bytes_max: 10,
+            ..Limits::default()
+        };
+        let hello = HelloRequest {
+            version_min: 1,
+            version_max: 1,
+            limits: small_limits,
+            client_nonce: [0; 16],
+            proof: None,
+        };
+        assert!(
+            HelloRequest::decode(&hello.encode()).is_err(),
+            "limits below the floor are refused"
+        );
+        let encoded = name().encode();
+        for cut in 0..encoded.len() {
+            assert!(ObjectName::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}
