@@ -358,3 +358,83 @@ fn many_concurrent_writers_from_many_threads() {
         "group commit shares flushes: {flushes} flushes for {puts} puts"
     );
 }
+
+#[test]
+fn two_devices_form_one_store_and_must_stay_together_and_in_order() {
+    let dir = TempDir::new("two-devices");
+    let first = dir.file("first.hyd");
+    let second = dir.file("second.hyd");
+    let devices = |order: [&std::path::Path; 2]| {
+        let mut config = EngineConfig::new(
+            order
+                .iter()
+                .map(|path| DeviceConfig::create(*path, 48 * MIB))
+                .collect(),
+        );
+        config.shards = Some(2);
+        config.region_bytes = Some(4 * MIB);
+        config.chunk_bytes = Some(MIB as u32);
+        config.arena_bytes = 16 * MIB as usize;
+        config
+    };
+    let engine = Engine::open(devices([&first, &second])).unwrap();
+    // About 30 MB per shard: more than its 20 MiB share of the first device, less than the
+    // 32 MiB it can fill before reclaim starts, so both devices hold data and nothing is evicted.
+    for index in 0..30u64 {
+        block_on(engine.put("data", &format!("o{index}"), pattern(index, 2_000_000))).unwrap();
+    }
+    engine.close();
+    let head_has_entries = |path: &std::path::Path| {
+        let bytes = std::fs::read(path).unwrap();
+        bytes
+            .chunks(4096)
+            .filter(|block| &block[..4] == b"HENT")
+            .count()
+    };
+    assert!(
+        head_has_entries(&first) > 0 && head_has_entries(&second) > 0,
+        "entries on both devices"
+    );
+
+    let swapped = open_error(devices([&second, &first]));
+    assert_eq!(swapped.kind(), ErrorKind::GeometryMismatch, "{swapped}");
+    assert!(swapped.to_string().contains("order"), "{swapped}");
+    let mut alone = devices([&first, &second]);
+    alone.devices.truncate(1);
+    let error = open_error(alone);
+    assert_eq!(error.kind(), ErrorKind::GeometryMismatch, "{error}");
+
+    let engine = Engine::open(devices([&first, &second])).unwrap();
+    for index in 0..30u64 {
+        let (_, data) = block_on(engine.get("data", &format!("o{index}"), None))
+            .unwrap()
+            .expect("stored");
+        assert!(data == pattern(index, 2_000_000));
+    }
+}
+
+#[test]
+fn one_damaged_superblock_copy_is_survived() {
+    use std::os::unix::fs::FileExt;
+    let dir = TempDir::new("superblock-copy");
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    block_on(engine.put("data", "kept", pattern(4, 10_000))).unwrap();
+    engine.close();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[0xEE; 64], 100).unwrap(); // inside copy 0
+    file.sync_all().unwrap();
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    assert_eq!(
+        block_on(engine.get("data", "kept", None))
+            .unwrap()
+            .unwrap()
+            .1,
+        pattern(4, 10_000)
+    );
+    engine.close();
+    file.write_all_at(&[0xEE; 64], 65_536 + 100).unwrap(); // and copy 1
+    file.sync_all().unwrap();
+    let error = open_error(config(&path, 64 * MIB, 1, 4));
+    assert_eq!(error.kind(), ErrorKind::ChecksumMismatch, "{error}");
+}

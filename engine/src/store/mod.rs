@@ -713,7 +713,7 @@ impl Store {
             Err(Error::new(
                 ErrorKind::NoSpace,
                 format!(
-                    "shard {} reclaimed space under {}/{} faster than it could be written; retry",
+                    "shard {} is too full of pinned (dirty) data to keep {}/{} while it reclaims space; retry later",
                     self.shard,
                     key.bucket(),
                     key.key()
