@@ -180,3 +180,39 @@ fn a_dropped_read_leaves_its_buffer_with_the_ring_until_completion() {
     assert!(still_works);
     drop(file);
 }
+
+#[test]
+fn a_shard_accepts_receives_and_sends_on_loopback() {
+    use hydrant_engine::rt::net;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd as _;
+    let listener = net::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = net::local_address(&listener).unwrap();
+    let client = std::thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream.write_all(b"hello over io_uring").unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut echoed = Vec::new();
+        stream.read_to_end(&mut echoed).unwrap();
+        echoed
+    });
+    let fd = listener.as_raw_fd();
+    let received = on_shard(ReactorConfig::default(), move || async move {
+        let connection = net::accept(fd).await.unwrap();
+        let mut buf = IoBuf::heap(4096);
+        loop {
+            let (read, filled) = net::recv(connection.as_raw_fd(), buf).await;
+            buf = filled;
+            if read.unwrap() == 0 {
+                break;
+            }
+        }
+        let received = buf.as_slice().to_vec();
+        let (sent, _) = net::send_all(connection.as_raw_fd(), buf).await;
+        sent.unwrap();
+        received
+    });
+    assert_eq!(received, b"hello over io_uring");
+    assert_eq!(client.join().unwrap(), b"hello over io_uring");
+    drop(listener);
+}

@@ -12,6 +12,7 @@
 
 pub mod channel;
 mod executor;
+pub mod net;
 pub mod op;
 mod reactor;
 pub mod sync;

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use io_uring::{opcode, squeue, types};
 
 use super::executor::with_reactor;
-use super::reactor::Keep;
+pub(crate) use super::reactor::Keep;
 use crate::buf::IoBuf;
 
 /// A file as the ring sees it: an index into the ring's registered files, or a plain fd.
@@ -30,12 +30,14 @@ enum State {
 /// One operation on the shard's ring.
 pub struct Op {
     state: State,
+    bounded: bool,
 }
 
 impl Op {
     fn new(entry: squeue::Entry, keep: Keep) -> Op {
         Op {
             state: State::Unsubmitted(entry, keep),
+            bounded: true,
         }
     }
 }
@@ -47,7 +49,9 @@ impl Future for Op {
         loop {
             match std::mem::replace(&mut self.state, State::Finished) {
                 State::Unsubmitted(entry, keep) => {
-                    match with_reactor(|reactor| reactor.try_submit(entry, keep, context.waker())) {
+                    match with_reactor(|reactor| {
+                        reactor.try_submit(entry, keep, context.waker(), self.bounded)
+                    }) {
                         Ok(index) => self.state = State::Submitted(index),
                         Err((entry, keep)) => {
                             self.state = State::Unsubmitted(entry, keep);
@@ -88,11 +92,16 @@ impl Drop for Op {
     }
 }
 
+/// Submit one prepared socket operation; `keep` stays with the ring until the completion
+/// arrives. Not counted against the in-flight bound of device I/O.
+pub(crate) fn submit_socket(entry: squeue::Entry, keep: Keep) -> Op {
+    let mut op = Op::new(entry, keep);
+    op.bounded = false;
+    op
+}
+
 fn into_buf(keep: Keep) -> IoBuf {
-    match keep {
-        Keep::Buf(buf) => buf,
-        Keep::Nothing => unreachable!("a buffer operation came back without its buffer"),
-    }
+    keep.into_buf()
 }
 
 /// Read `len` bytes at `offset` into the start of `buf`. On success the buffer's length is the

@@ -49,6 +49,15 @@ pub enum Keep {
     Buf(IoBuf),
 }
 
+impl Keep {
+    pub(crate) fn into_buf(self) -> IoBuf {
+        match self {
+            Keep::Buf(buf) => buf,
+            Keep::Nothing => unreachable!("a buffer operation came back without its buffer"),
+        }
+    }
+}
+
 enum SlotState {
     /// Submitted; the waker (if any) is woken by the completion.
     Waiting(Option<Waker>),
@@ -61,6 +70,9 @@ enum SlotState {
 struct Slot {
     state: SlotState,
     keep: Keep,
+    /// Counted against `io_depth_max` (device I/O); socket operations are not, since a receive
+    /// may wait for as long as its peer is idle.
+    bounded: bool,
 }
 
 /// With at least this many operations in flight, the reactor waits for 1/DIVISOR of them to
@@ -122,6 +134,7 @@ pub struct Reactor {
     slots: RefCell<Vec<Option<Slot>>>,
     free_slots: RefCell<Vec<usize>>,
     in_flight: Cell<usize>,
+    sockets_in_flight: Cell<usize>,
     io_depth_max: usize,
     depth_waiters: RefCell<VecDeque<Waker>>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
@@ -146,6 +159,7 @@ impl Reactor {
             slots: RefCell::new(Vec::with_capacity(config.io_depth_max)),
             free_slots: RefCell::new(Vec::new()),
             in_flight: Cell::new(0),
+            sockets_in_flight: Cell::new(0),
             io_depth_max: config.io_depth_max,
             depth_waiters: RefCell::new(VecDeque::new()),
             timers: RefCell::new(BTreeMap::new()),
@@ -189,14 +203,16 @@ impl Reactor {
         entry: squeue::Entry,
         keep: Keep,
         waker: &Waker,
+        bounded: bool,
     ) -> Result<usize, (squeue::Entry, Keep)> {
-        if self.in_flight.get() >= self.io_depth_max {
+        if bounded && self.in_flight.get() >= self.io_depth_max {
             self.depth_waiters.borrow_mut().push_back(waker.clone());
             return Err((entry, keep));
         }
         let slot = Slot {
             state: SlotState::Waiting(Some(waker.clone())),
             keep,
+            bounded,
         };
         let index = match self.free_slots.borrow_mut().pop() {
             Some(index) => {
@@ -210,7 +226,12 @@ impl Reactor {
             }
         };
         self.push_entry(entry.user_data(index as u64));
-        self.in_flight.set(self.in_flight.get() + 1);
+        let counter = if bounded {
+            &self.in_flight
+        } else {
+            &self.sockets_in_flight
+        };
+        counter.set(counter.get() + 1);
         Ok(index)
     }
 
@@ -400,10 +421,11 @@ impl Reactor {
     }
 
     fn slot_completed(&self, index: usize, result: i32) {
-        let waker = {
+        let (waker, bounded) = {
             let mut slots = self.slots.borrow_mut();
             let slot = slots[index].as_mut().expect("completion for a free slot");
-            match std::mem::replace(&mut slot.state, SlotState::Done(result)) {
+            let bounded = slot.bounded;
+            let waker = match std::mem::replace(&mut slot.state, SlotState::Done(result)) {
                 SlotState::Waiting(waker) => waker,
                 SlotState::Abandoned => {
                     slots[index] = None;
@@ -411,12 +433,17 @@ impl Reactor {
                     None
                 }
                 SlotState::Done(_) => unreachable!("two completions for one slot"),
-            }
+            };
+            (waker, bounded)
         };
-        self.in_flight.set(self.in_flight.get() - 1);
         if let Some(waker) = waker {
             waker.wake();
         }
+        if !bounded {
+            self.sockets_in_flight.set(self.sockets_in_flight.get() - 1);
+            return;
+        }
+        self.in_flight.set(self.in_flight.get() - 1);
         if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
             waiter.wake();
         }
@@ -446,7 +473,10 @@ impl Reactor {
             .build()
             .user_data(CANCEL_TAG);
         self.push_entry(cancel);
-        while self.in_flight.get() > 0 || self.eventfd_armed.get() {
+        while self.in_flight.get() > 0
+            || self.sockets_in_flight.get() > 0
+            || self.eventfd_armed.get()
+        {
             if let Err(error) = self.ring.borrow().submitter().submit_and_wait(1) {
                 if error.raw_os_error() != Some(libc::EINTR) {
                     panic!("io_uring_enter failed while draining: {error}");

@@ -1,0 +1,170 @@
+//! Sockets on the shard's ring: a listener bound with SO_REUSEPORT (one per shard, so the
+//! kernel spreads connections over the shards), and accept, receive and send as operations.
+//! As for files, a buffer belongs to the ring until its completion arrives.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use io_uring::{opcode, types};
+
+use super::op::{submit_socket, Keep};
+use crate::buf::IoBuf;
+
+/// Most connections a listener queues before the shard accepts them.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A TCP listener on `address` that other shards may bind too (SO_REUSEPORT).
+pub fn listen(address: SocketAddr) -> io::Result<OwnedFd> {
+    let (family, storage, length) = socket_address(address);
+    // SAFETY: plain system calls on an fd we own; every pointer argument points at a live local
+    // of the size passed with it.
+    unsafe {
+        let fd = libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let socket = OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            let pointer = (&one as *const libc::c_int).cast();
+            if libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                pointer,
+                std::mem::size_of::<libc::c_int>() as u32,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if libc::bind(
+            fd,
+            (&storage as *const libc::sockaddr_storage).cast(),
+            length,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::listen(fd, LISTEN_BACKLOG) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(socket)
+    }
+}
+
+/// The address a socket is bound to (to learn the port the kernel chose for port 0).
+pub fn local_address(socket: &OwnedFd) -> io::Result<SocketAddr> {
+    let listener = std::mem::ManuallyDrop::new(
+        // SAFETY: the fd stays owned by `socket`; ManuallyDrop keeps the listener from closing it.
+        unsafe { std::net::TcpListener::from_raw_fd(socket.as_raw_fd()) },
+    );
+    listener.local_addr()
+}
+
+fn socket_address(address: SocketAddr) -> (libc::c_int, libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data, large enough for either address family.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match address {
+        SocketAddr::V4(v4) => {
+            let raw = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), raw) };
+            (
+                libc::AF_INET,
+                storage,
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            )
+        }
+        SocketAddr::V6(v6) => {
+            let raw = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), raw) };
+            (
+                libc::AF_INET6,
+                storage,
+                std::mem::size_of::<libc::sockaddr_in6>() as u32,
+            )
+        }
+    }
+}
+
+/// Accept one connection on `listener`.
+pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+    let entry = opcode::Accept::new(
+        types::Fd(listener),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    )
+    .flags(libc::SOCK_CLOEXEC)
+    .build();
+    let (result, _) = submit_socket(entry, Keep::Nothing).await;
+    // SAFETY: a successful accept returns a new fd that nothing else owns.
+    result.map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Receive into `buf` after its current length, up to its capacity. Ok(0) means the peer
+/// closed the connection.
+pub async fn recv(socket: RawFd, mut buf: IoBuf) -> (io::Result<usize>, IoBuf) {
+    let filled = buf.len();
+    let room = buf.capacity() - filled;
+    assert!(room > 0, "recv into a full buffer");
+    // SAFETY: the pointer stays inside buf's capacity, and buf is kept by the ring until the
+    // completion arrives.
+    let pointer = unsafe { buf.as_mut_ptr().add(filled) };
+    let entry = opcode::Recv::new(types::Fd(socket), pointer, room as u32).build();
+    let (result, keep) = submit_socket(entry, Keep::Buf(buf)).await;
+    let mut buf = keep.into_buf();
+    match result {
+        Ok(received) => {
+            buf.set_len(filled + received as usize);
+            (Ok(received as usize), buf)
+        }
+        Err(error) => (Err(error), buf),
+    }
+}
+
+/// Send all of `buf`'s bytes (looping over partial sends).
+pub async fn send_all(socket: RawFd, buf: IoBuf) -> (io::Result<()>, IoBuf) {
+    let mut sent = 0;
+    let mut buf = buf;
+    while sent < buf.len() {
+        // SAFETY: the pointer and length stay inside buf, kept by the ring until completion.
+        let pointer = unsafe { buf.as_ptr().add(sent) };
+        let entry = opcode::Send::new(types::Fd(socket), pointer, (buf.len() - sent) as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build();
+        let (result, keep) = submit_socket(entry, Keep::Buf(buf)).await;
+        buf = keep.into_buf();
+        match result {
+            Ok(0) => {
+                return (
+                    Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the peer stopped reading",
+                    )),
+                    buf,
+                )
+            }
+            Ok(count) => sent += count as usize,
+            Err(error) => return (Err(error), buf),
+        }
+    }
+    (Ok(()), buf)
+}
