@@ -399,13 +399,31 @@ fn shard_regions(superblocks: &[Superblock], shard: u32) -> Vec<(u32, u32, u64)>
     regions
 }
 
-/// A running engine. Cheap to share between threads (`Arc<Engine>`); every call goes to the
-/// shard that owns its key and may be awaited from any executor or with `rt::block_on`.
+/// A running engine: it owns the shard threads and the devices, and stops them when closed or
+/// dropped. Its calls (through `Deref` to [`EngineHandle`]) go to the shard that owns their key
+/// and may be awaited from any executor or with `rt::block_on`.
 pub struct Engine {
-    shards: Vec<ShardHandle>,
+    handle: EngineHandle,
+    threads: Vec<std::thread::JoinHandle<()>>,
     devices: Vec<Device>,
     geometry: Geometry,
+}
+
+/// A cheap, cloneable way to reach a running engine's shards, for any thread (shard threads
+/// included: a shard's task may call another shard through it). It does not keep the engine
+/// running: once the engine stops, calls answer `ShuttingDown`.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inboxes: Vec<channel::Sender<Message>>,
     object_bytes_max: u64,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = EngineHandle;
+
+    fn deref(&self) -> &EngineHandle {
+        &self.handle
+    }
 }
 
 impl Engine {
@@ -477,10 +495,13 @@ impl Engine {
             set_uuid: first.set_uuid,
         };
         let mut engine = Engine {
-            shards: Vec::new(),
+            handle: EngineHandle {
+                inboxes: Vec::new(),
+                object_bytes_max: config.object_bytes_max,
+            },
+            threads: Vec::new(),
             devices,
             geometry: geometry.clone(),
-            object_bytes_max: config.object_bytes_max,
         };
         let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
         let mut readiness = Vec::new();
@@ -503,9 +524,9 @@ impl Engine {
                 },
                 requests_in_flight_max: config.requests_in_flight_max,
             };
-            engine
-                .shards
-                .push(shard::start(plan, config.inbox_requests_max, ready)?);
+            let started: ShardHandle = shard::start(plan, config.inbox_requests_max, ready)?;
+            engine.handle.inboxes.push(started.inbox);
+            engine.threads.extend(started.thread);
             readiness.push(ready_receiver);
         }
         for ready in readiness {
@@ -523,17 +544,66 @@ impl Engine {
         Ok(engine)
     }
 
-    pub fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
     }
 
+    /// A handle for other threads and tasks.
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
+    }
+
+    /// Stop every shard after the requests in flight finish. Everything acknowledged is already
+    /// durable, so there is nothing else to write.
+    pub fn close(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for inbox in &self.handle.inboxes {
+            let _ = crate::rt::block_on(inbox.send(Message::Stop));
+        }
+        for thread in self.threads.drain(..) {
+            if thread.join().is_err() {
+                log::error!("a shard thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl EngineHandle {
+    pub fn shard_count(&self) -> usize {
+        self.inboxes.len()
+    }
+
     /// The shard that owns `key`.
     pub fn shard_of(&self, key: &ObjectKey) -> usize {
-        crate::format::shard_of(key.bucket_bytes(), key.key_bytes(), self.shards.len())
+        crate::format::shard_of(key.bucket_bytes(), key.key_bytes(), self.inboxes.len())
+    }
+
+    /// Start `task` on shard `shard` as a task of its own (a listener, a connection), not
+    /// counted among the shard's requests; completes once the shard has taken it.
+    pub fn spawn_on_shard<F, Fut>(
+        &self,
+        shard: usize,
+        task: F,
+    ) -> impl Future<Output = Result<()>> + Send + 'static
+    where
+        F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let message = Message::Call(Box::new(move |store, permit| {
+            drop(permit);
+            crate::rt::spawn(task(store));
+        }));
+        let inbox = self.inboxes[shard].clone();
+        async move { inbox.send(message).await.map_err(|_| shard::shard_gone()) }
     }
 
     /// Run `call` on shard `shard` with its store, and return its result to the caller's thread.
@@ -555,7 +625,7 @@ impl Engine {
                 reply.send(result);
             });
         }));
-        let inbox = self.shards[shard].inbox.clone();
+        let inbox = self.inboxes[shard].clone();
         async move {
             if inbox.send(message).await.is_err() {
                 return Err(shard::shard_gone());
@@ -663,7 +733,7 @@ impl Engine {
             Ok((prefix_key, after))
         });
         let calls = keys.map(|(prefix_key, after)| {
-            (0..self.shards.len())
+            (0..self.inboxes.len())
                 .map(|shard| {
                     let prefix_key = prefix_key.clone();
                     let after = after.clone();
@@ -686,7 +756,7 @@ impl Engine {
 
     /// Every shard's state and counters.
     pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
-        let calls: Vec<_> = (0..self.shards.len())
+        let calls: Vec<_> = (0..self.inboxes.len())
             .map(|shard| self.on_shard(shard, |store| async move { Ok(store.stats()) }))
             .collect();
         async move {
@@ -696,30 +766,5 @@ impl Engine {
             }
             Ok(stats)
         }
-    }
-
-    /// Stop every shard after the requests in flight finish. Everything acknowledged is already
-    /// durable, so there is nothing else to write.
-    pub fn close(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        for shard in &self.shards {
-            let _ = crate::rt::block_on(shard.inbox.send(Message::Stop));
-        }
-        for shard in &mut self.shards {
-            if let Some(thread) = shard.thread.take() {
-                if thread.join().is_err() {
-                    log::error!("a shard thread panicked");
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.stop();
     }
 }

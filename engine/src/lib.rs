@@ -17,7 +17,7 @@ mod shard;
 pub mod store;
 
 pub use engine::{
-    Engine, EngineConfig, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
+    Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
     LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
 };
 pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};
