@@ -227,6 +227,63 @@ impl FrameHeader {
         })
     }
 
+    /// The request id and lengths of a header whose checksum is valid but which was refused for
+    /// its contents (an unknown opcode, say): enough to answer it and skip what follows. `None`
+    /// when the header itself cannot be trusted.
+    pub fn salvage(bytes: &[u8]) -> Option<(u64, u32, u64)> {
+        if bytes.len() < FRAME_HEADER_BYTES || bytes[..4] != PROTOCOL_MAGIC {
+            return None;
+        }
+        let stored_crc = u32::from_le_bytes(
+            bytes[HEADER_CRC_OFFSET..FRAME_HEADER_BYTES]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        if crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET]) != stored_crc {
+            return None;
+        }
+        let request_id = u64::from_le_bytes(
+            bytes[REQUEST_ID_OFFSET..REQUEST_ID_OFFSET + 8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        let extension_len = u32::from_le_bytes(
+            bytes[EXTENSION_LEN_OFFSET..EXTENSION_LEN_OFFSET + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        let payload_len = u64::from_le_bytes(
+            bytes[PAYLOAD_LEN_OFFSET..PAYLOAD_LEN_OFFSET + 8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        Some((request_id, extension_len, payload_len))
+    }
+
+    /// A response header answering `request` with `status`.
+    pub fn response(
+        request: &FrameHeader,
+        status: u8,
+        extension: &[u8],
+        payload: &[u8],
+    ) -> FrameHeader {
+        let mut header = FrameHeader::new(
+            request.opcode,
+            request.request_id,
+            extension,
+            payload.len() as u64,
+            if payload.is_empty() {
+                0
+            } else {
+                crc32c::crc32c(payload)
+            },
+        );
+        header.flags = FrameFlags::RESPONSE;
+        header.status = status;
+        header.shard = request.shard;
+        header
+    }
+
     /// Check an extension read after this header.
     pub fn check_extension(&self, extension: &[u8]) -> Result<(), ProtoError> {
         assert_eq!(extension.len(), self.extension_len as usize);

@@ -618,7 +618,7 @@ impl Store {
     /// The largest object a put accepts on this shard: half of what its regions can hold beside
     /// the reserve that reclaim needs, so that writing it never has to reclaim its own chunks.
     fn object_bytes_limit(&self) -> u64 {
-        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE + 1) as u64;
+        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE) as u64;
         usable_regions * (self.geometry.region_bytes - BLOCK_BYTES as u64) / 2
     }
 

@@ -1,0 +1,531 @@
+//! One connection, served on the shard that accepted it: a reader that decodes frames and
+//! starts a task per request (at most `requests_in_flight_max` at once), and a writer that sends
+//! the answers as they complete, several per send when they pile up.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use hydrant_engine::buf::IoBuf;
+use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
+use hydrant_engine::rt::{net, spawn, time::sleep};
+use hydrant_engine::store::{ObjectKey, Store};
+use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
+use hydrant_proto::message::{
+    GetRequest, HelloRequest, HelloResponse, Message, ObjectInfo, ObjectName, PutRequest,
+};
+use hydrant_proto::{
+    FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES, PROTOCOL_VERSION,
+};
+
+/// Bytes asked of the kernel per receive.
+const RECEIVE_BYTES: usize = 256 * 1024;
+/// Most bytes of queued answers gathered into one send.
+const SEND_BATCH_BYTES_MAX: usize = 1024 * 1024;
+/// Pause after an accept error other than the listener closing (out of fds, say).
+const ACCEPT_RETRY_MS: u64 = 10;
+
+/// Accept connections on `listener` for as long as the shard runs.
+pub(crate) async fn accept_loop(
+    store: Rc<Store>,
+    engine: EngineHandle,
+    listener: RawFd,
+    limits: Limits,
+) {
+    loop {
+        match net::accept(listener).await {
+            Ok(socket) => {
+                spawn(serve(store.clone(), engine.clone(), socket, limits));
+            }
+            Err(error)
+                if matches!(error.raw_os_error(), Some(libc::EBADF) | Some(libc::EINVAL)) =>
+            {
+                return
+            }
+            Err(error) => {
+                log::warn!("shard {}: accept failed: {error}", store.shard());
+                sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
+            }
+        }
+    }
+}
+
+struct Connection {
+    store: Rc<Store>,
+    engine: EngineHandle,
+    server_limits: Limits,
+    /// The limits in force: the server's until HELLO, the negotiated ones after.
+    limits: Cell<Limits>,
+    greeted: Cell<bool>,
+    outbox: RefCell<VecDeque<Vec<u8>>>,
+    outbox_changed: WaitQueue,
+    reading_done: Cell<bool>,
+}
+
+impl Connection {
+    fn queue(&self, frame: Vec<u8>) {
+        self.outbox.borrow_mut().push_back(frame);
+        self.outbox_changed.wake_all();
+    }
+
+    fn answer(&self, request: &FrameHeader, status: Status, extension: &[u8], payload: &[u8]) {
+        self.queue(frame_bytes(
+            &FrameHeader::response(request, status as u8, extension, payload),
+            extension,
+            payload,
+        ));
+    }
+}
+
+fn frame_bytes(header: &FrameHeader, extension: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + extension.len() + payload.len());
+    frame.extend_from_slice(&header.encode());
+    frame.extend_from_slice(extension);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Bytes received and not yet consumed.
+struct Input {
+    socket: RawFd,
+    bytes: Vec<u8>,
+    start: usize,
+    receive: Option<IoBuf>,
+}
+
+impl Input {
+    /// The next `count` bytes; `None` when the peer closed the connection cleanly before the
+    /// first of them.
+    async fn take(&mut self, count: usize) -> io::Result<Option<Vec<u8>>> {
+        while self.bytes.len() - self.start < count {
+            let mut buf = self
+                .receive
+                .take()
+                .unwrap_or_else(|| IoBuf::heap(RECEIVE_BYTES));
+            buf.set_len(0);
+            let (received, buf) = net::recv(self.socket, buf).await;
+            let received = received?;
+            if received == 0 {
+                if self.bytes.len() == self.start {
+                    return Ok(None);
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection mid-frame",
+                ));
+            }
+            if self.start > 0 && self.start * 2 >= self.bytes.len() {
+                self.bytes.drain(..self.start);
+                self.start = 0;
+            }
+            self.bytes.extend_from_slice(buf.as_slice());
+            self.receive = Some(buf);
+        }
+        let taken = self.bytes[self.start..self.start + count].to_vec();
+        self.start += count;
+        Ok(Some(taken))
+    }
+}
+
+async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, limits: Limits) {
+    let fd = socket.as_raw_fd();
+    let connection = Rc::new(Connection {
+        store,
+        engine,
+        server_limits: limits,
+        limits: Cell::new(limits),
+        greeted: Cell::new(false),
+        outbox: RefCell::new(VecDeque::new()),
+        outbox_changed: WaitQueue::new(),
+        reading_done: Cell::new(false),
+    });
+    let writer = spawn(write_loop(connection.clone(), fd));
+    let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
+    let mut input = Input {
+        socket: fd,
+        bytes: Vec::new(),
+        start: 0,
+        receive: None,
+    };
+    if let Err(error) = read_loop(&connection, &mut input, &in_flight).await {
+        log::debug!("connection closed: {error}");
+    }
+    // Let the requests in flight finish, then the writer flush their answers.
+    for _ in 0..limits.requests_in_flight_max {
+        std::mem::forget(in_flight.acquire().await);
+    }
+    connection.reading_done.set(true);
+    connection.outbox_changed.wake_all();
+    writer.await;
+    drop(socket);
+}
+
+/// Decode frames until the peer closes or sends something that breaks the stream.
+async fn read_loop(
+    connection: &Rc<Connection>,
+    input: &mut Input,
+    in_flight: &Rc<Semaphore>,
+) -> Result<(), String> {
+    loop {
+        let Some(header_bytes) = input
+            .take(FRAME_HEADER_BYTES)
+            .await
+            .map_err(|error| error.to_string())?
+        else {
+            return Ok(());
+        };
+        let header = match FrameHeader::decode(&header_bytes, &connection.limits.get()) {
+            Ok(header) => header,
+            Err(error) => {
+                refuse_header(connection, input, &header_bytes, error).await?;
+                continue;
+            }
+        };
+        let extension = take_all(input, header.extension_len as usize).await?;
+        let payload = take_all(input, header.payload_len as usize).await?;
+        if let Err(error) = header.check_extension(&extension) {
+            connection.answer(
+                &header,
+                Status::for_error(&error),
+                &[],
+                error.to_string().as_bytes(),
+            );
+            continue;
+        }
+        let payload_crc = if payload.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(&payload)
+        };
+        if let Err(error) = header.check_payload_crc(payload_crc) {
+            connection.answer(
+                &header,
+                Status::for_error(&error),
+                &[],
+                error.to_string().as_bytes(),
+            );
+            continue;
+        }
+        if header.opcode == Opcode::Hello {
+            hello(connection, &header, &extension);
+            continue;
+        }
+        if !connection.greeted.get() {
+            connection.answer(&header, Status::Unauthenticated, &[], b"send HELLO first");
+            continue;
+        }
+        let permit = in_flight.acquire_owned().await;
+        spawn(request(
+            connection.clone(),
+            header,
+            extension,
+            payload,
+            permit,
+        ));
+    }
+}
+
+async fn take_all(input: &mut Input, count: usize) -> Result<Vec<u8>, String> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    match input.take(count).await {
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err("the peer closed the connection mid-frame".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// A header that did not decode. If its checksum holds (an unknown opcode, say), answer it,
+/// skip what it announced and go on; otherwise the stream cannot be trusted: answer if there is
+/// a request id to answer, then close.
+async fn refuse_header(
+    connection: &Rc<Connection>,
+    input: &mut Input,
+    bytes: &[u8],
+    error: ProtoError,
+) -> Result<(), String> {
+    let status = Status::for_error(&error) as u8;
+    let salvaged = FrameHeader::salvage(bytes);
+    if let Some((request_id, _, _)) = salvaged {
+        // The opcode may be the unknown part: answer as PING, the one opcode every version has.
+        let mut header = FrameHeader::new(Opcode::Ping, request_id, &[], 0, 0);
+        header = FrameHeader::response(&header, status, &[], error.to_string().as_bytes());
+        connection.queue(frame_bytes(&header, &[], error.to_string().as_bytes()));
+    }
+    match salvaged {
+        Some((_, extension_len, payload_len)) if !error.is_fatal_to_connection() => {
+            take_all(input, extension_len as usize).await?;
+            take_all(input, payload_len as usize).await?;
+            Ok(())
+        }
+        _ => Err(format!("closing the connection: {error}")),
+    }
+}
+
+fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) {
+    let request = match HelloRequest::decode(extension) {
+        Ok(request) => request,
+        Err(error) => {
+            connection.answer(
+                header,
+                Status::BadRequest,
+                &[],
+                error.to_string().as_bytes(),
+            );
+            return;
+        }
+    };
+    if !(request.version_min..=request.version_max).contains(&PROTOCOL_VERSION) {
+        connection.answer(
+            header,
+            Status::Unsupported,
+            &[],
+            b"this server speaks protocol version 1",
+        );
+        return;
+    }
+    let limits = connection.server_limits.negotiate(&request.limits);
+    connection.limits.set(limits);
+    connection.greeted.set(true);
+    let response = HelloResponse {
+        version: PROTOCOL_VERSION,
+        limits,
+        server_nonce: [0; 16],
+        auth_required: false,
+        shard_count: connection.engine.shard_count() as u16,
+        placement_hash: 1,
+    };
+    connection.answer(header, Status::Ok, &response.encode(), &[]);
+}
+
+async fn request(
+    connection: Rc<Connection>,
+    header: FrameHeader,
+    extension: Vec<u8>,
+    payload: Vec<u8>,
+    permit: OwnedPermit,
+) {
+    match respond(&connection, &header, &extension, payload).await {
+        Ok((extension, payload)) => connection.answer(&header, Status::Ok, &extension, &payload),
+        Err((status, message)) => connection.answer(&header, status, &[], message.as_bytes()),
+    }
+    drop(permit);
+}
+
+type Answer = Result<(Vec<u8>, Vec<u8>), (Status, String)>;
+
+fn bad_request(error: ProtoError) -> (Status, String) {
+    (Status::for_error(&error), error.to_string())
+}
+
+fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
+    let status = match error.kind() {
+        ErrorKind::InvalidKey => Status::InvalidKey,
+        ErrorKind::InvalidRange => Status::InvalidRange,
+        ErrorKind::TooLarge => Status::TooLarge,
+        ErrorKind::ChecksumMismatch => Status::DataCorrupt,
+        ErrorKind::NoSpace => Status::NoSpace,
+        ErrorKind::StoreFailed => Status::StoreFailed,
+        ErrorKind::ShuttingDown => Status::ShuttingDown,
+        _ => Status::Internal,
+    };
+    (status, error.to_string())
+}
+
+fn object_key(name: &ObjectName) -> Result<ObjectKey, (Status, String)> {
+    ObjectKey::new(&name.bucket, &name.key).map_err(engine_failure)
+}
+
+/// Run `call` on the shard that owns `key`: here, or through the engine's inbox of that shard.
+async fn on_owner<T, F, Fut>(
+    connection: &Connection,
+    key: &ObjectKey,
+    call: F,
+) -> hydrant_engine::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+    Fut: Future<Output = hydrant_engine::Result<T>> + 'static,
+{
+    let shard = connection.engine.shard_of(key);
+    if shard == connection.store.shard() as usize {
+        call(connection.store.clone()).await
+    } else {
+        connection.engine.on_shard(shard, call).await
+    }
+}
+
+async fn respond(
+    connection: &Connection,
+    header: &FrameHeader,
+    extension: &[u8],
+    payload: Vec<u8>,
+) -> Answer {
+    match header.opcode {
+        Opcode::Ping => Ok((Vec::new(), Vec::new())),
+        Opcode::Get => {
+            let request = GetRequest::decode(extension).map_err(bad_request)?;
+            let key = object_key(&request.name)?;
+            let range = ByteRange {
+                start: request.range_start,
+                end: request.range_end,
+            };
+            let payload_max = connection.limits.get().payload_bytes_max;
+            let found = on_owner(connection, &key.clone(), move |store| async move {
+                let Some(read) = store.get(&key, Some(range)).await? else {
+                    return Ok(None);
+                };
+                if read.len() as u64 > payload_max {
+                    return Err(hydrant_engine::Error::new(
+                        ErrorKind::TooLarge,
+                        format!(
+                            "{} bytes exceed the payload limit of {payload_max}; read a range",
+                            read.len()
+                        ),
+                    ));
+                }
+                let info = ObjectInfo {
+                    object_bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                    range_start: read.start,
+                };
+                Ok(Some((info, read.to_vec())))
+            })
+            .await
+            .map_err(engine_failure)?;
+            match found {
+                Some((info, data)) => Ok((info.encode(), data)),
+                None => Err((
+                    Status::NotFound,
+                    format!("{}/{} is not stored", request.name.bucket, request.name.key),
+                )),
+            }
+        }
+        Opcode::Put => {
+            let request = PutRequest::decode(extension).map_err(bad_request)?;
+            if header.flags.contains(hydrant_proto::FrameFlags::MORE) {
+                return Err((
+                    Status::Unsupported,
+                    "streamed PUT is not supported yet".into(),
+                ));
+            }
+            if request.object_bytes != payload.len() as u64 {
+                return Err((
+                    Status::BadRequest,
+                    "object_bytes differs from the payload length".into(),
+                ));
+            }
+            let key = object_key(&request.name)?;
+            let meta = on_owner(connection, &key.clone(), move |store| async move {
+                store.put(key, &payload, false).await
+            })
+            .await
+            .map_err(engine_failure)?;
+            let info = ObjectInfo {
+                object_bytes: meta.bytes,
+                seq: meta.seq,
+                dirty: meta.dirty,
+                range_start: 0,
+            };
+            Ok((info.encode(), Vec::new()))
+        }
+        Opcode::Head => {
+            let name = ObjectName::decode(extension).map_err(bad_request)?;
+            let key = object_key(&name)?;
+            let meta = on_owner(connection, &key.clone(), move |store| async move {
+                Ok(store.head(&key))
+            })
+            .await
+            .map_err(engine_failure)?;
+            match meta {
+                Some(meta) => {
+                    let info = ObjectInfo {
+                        object_bytes: meta.bytes,
+                        seq: meta.seq,
+                        dirty: meta.dirty,
+                        range_start: 0,
+                    };
+                    Ok((info.encode(), Vec::new()))
+                }
+                None => Err((
+                    Status::NotFound,
+                    format!("{}/{} is not stored", name.bucket, name.key),
+                )),
+            }
+        }
+        Opcode::Delete => {
+            let name = ObjectName::decode(extension).map_err(bad_request)?;
+            let key = object_key(&name)?;
+            let existed = on_owner(connection, &key.clone(), move |store| async move {
+                store.delete(key).await
+            })
+            .await
+            .map_err(engine_failure)?;
+            if existed {
+                Ok((Vec::new(), Vec::new()))
+            } else {
+                Err((
+                    Status::NotFound,
+                    format!("{}/{} is not stored", name.bucket, name.key),
+                ))
+            }
+        }
+        other => Err((
+            Status::Unsupported,
+            format!("{other:?} is not supported yet"),
+        )),
+    }
+}
+
+/// Send queued answers, several per send, until reading is done and the queue is empty.
+async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
+    let mut spare: Option<IoBuf> = None;
+    loop {
+        let batch: Vec<Vec<u8>> = {
+            let mut outbox = connection.outbox.borrow_mut();
+            let mut bytes = 0;
+            let mut batch = Vec::new();
+            while let Some(frame) = outbox.front() {
+                if !batch.is_empty() && bytes + frame.len() > SEND_BATCH_BYTES_MAX {
+                    break;
+                }
+                bytes += frame.len();
+                batch.push(outbox.pop_front().expect("front exists"));
+            }
+            batch
+        };
+        if batch.is_empty() {
+            if connection.reading_done.get() {
+                return;
+            }
+            connection.outbox_changed.wait().await;
+            continue;
+        }
+        let total: usize = batch.iter().map(Vec::len).sum();
+        let mut buf = match spare.take() {
+            Some(buf) if buf.capacity() >= total => buf,
+            _ => IoBuf::heap(total.max(64 * 1024)),
+        };
+        buf.set_len(total);
+        let mut offset = 0;
+        for frame in &batch {
+            buf.as_mut_slice()[offset..offset + frame.len()].copy_from_slice(frame);
+            offset += frame.len();
+        }
+        let (sent, buf) = net::send_all(socket, buf).await;
+        if sent.is_err() {
+            // The peer is gone: drop what is left; the reader sees the close too.
+            connection.outbox.borrow_mut().clear();
+            if connection.reading_done.get() {
+                return;
+            }
+        }
+        spare = Some(buf);
+    }
+}

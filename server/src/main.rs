@@ -1,0 +1,146 @@
+//! `hydrant-server`: serve the engine over hydrant's wire protocol.
+//!
+//! With no arguments it listens on 127.0.0.1:7700 with a 1 GiB data file in ./hydrant-data.
+//! SIGINT or SIGTERM stops it: the shards stop (everything acknowledged is already durable) and
+//! it exits 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::EngineConfig;
+use hydrant_proto::Limits;
+use hydrant_server::{Server, ServerConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "hydrant-server",
+    about = "hydrant: an NVMe cache and write-back node for GPU servers"
+)]
+struct Arguments {
+    /// Address to listen on (port 0: any free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:7700", env = "HYDRANT_LISTEN")]
+    listen: SocketAddr,
+    /// A device or data file, PATH or PATH:SIZE (a file is created with SIZE, e.g. 64GiB).
+    /// Repeat for several devices.
+    #[arg(
+        long = "data",
+        default_value = "hydrant-data/data.hyd:1GiB",
+        env = "HYDRANT_DATA"
+    )]
+    data: Vec<String>,
+    /// Shards (one per core). Default: as formatted, or the number of cores (at most 4 for the
+    /// default 1 GiB file).
+    #[arg(long, env = "HYDRANT_SHARDS")]
+    shards: Option<usize>,
+}
+
+/// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
+fn device(argument: &str) -> Result<DeviceConfig, String> {
+    let Some((path, size)) = argument.rsplit_once(':') else {
+        return Ok(DeviceConfig::new(PathBuf::from(argument)));
+    };
+    let units = [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("", 1),
+    ];
+    let (number, unit) = units
+        .iter()
+        .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
+        .expect("the empty suffix always matches");
+    let number: u64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("--data {argument}: size {size:?} is not a number with an optional KiB/MiB/GiB/TiB suffix"))?;
+    let bytes = number
+        .checked_mul(unit)
+        .ok_or_else(|| format!("--data {argument}: size overflows"))?;
+    Ok(DeviceConfig::create(PathBuf::from(path), bytes))
+}
+
+/// Block SIGINT and SIGTERM in every thread (the mask is inherited), so that the main thread
+/// can wait for them with sigwait.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset; the calls only touch it and
+    // this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
+    let mut signal: libc::c_int = 0;
+    // SAFETY: sigwait reads the set and writes one int.
+    unsafe { libc::sigwait(set, &mut signal) };
+    signal
+}
+
+fn main() -> ExitCode {
+    let arguments = Arguments::parse();
+    let devices = match arguments
+        .data
+        .iter()
+        .map(|argument| device(argument))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(devices) => devices,
+        Err(error) => {
+            eprintln!("hydrant-server: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut engine = EngineConfig::new(devices.clone());
+    engine.shards = arguments.shards;
+    if engine.shards.is_none() && devices.iter().all(|device| !device.path.exists()) {
+        let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
+        let smallest = devices
+            .iter()
+            .filter_map(|device| device.create_bytes)
+            .min()
+            .unwrap_or(u64::MAX);
+        // Each shard needs three 64 MiB regions on every device.
+        let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
+        engine.shards = Some(cores.min(fitting));
+    }
+    let signals = block_stop_signals();
+    let server = match Server::start(ServerConfig {
+        listen: arguments.listen,
+        engine,
+        limits: Limits::default(),
+    }) {
+        Ok(server) => server,
+        Err(error) => {
+            eprintln!("hydrant-server: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let data: Vec<String> = devices
+        .iter()
+        .map(|device| device.path.display().to_string())
+        .collect();
+    println!(
+        "hydrant-server listening on {} with {} shards; data: {}",
+        server.address(),
+        server.shard_count(),
+        data.join(", ")
+    );
+    let signal = wait_for_stop_signal(&signals);
+    eprintln!("hydrant-server: signal {signal}, stopping");
+    match server.stop() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hydrant-server: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The real `hydrant-server` process on loopback, driven over TCP with frames built by
+//! hydrant-proto: the operations built so far, pipelining, malformed input, and SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hydrant_proto::message::{
+    GetRequest, HelloRequest, HelloResponse, Message, ObjectInfo, ObjectName, PutRequest,
+};
+use hydrant_proto::{FrameHeader, Limits, Opcode, Status, FRAME_HEADER_BYTES};
+
+struct ServerProcess {
+    child: Child,
+    address: String,
+    directory: PathBuf,
+}
+
+impl ServerProcess {
+    fn start(name: &str) -> ServerProcess {
+        let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
+            .arg("--data")
+            .arg(format!("{}:512MiB", directory.join("data.hyd").display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start hydrant-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
+            .to_string();
+        ServerProcess {
+            child,
+            address,
+            directory,
+        }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(&self.address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+fn send(stream: &mut TcpStream, opcode: Opcode, request_id: u64, extension: &[u8], payload: &[u8]) {
+    let crc = if payload.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(payload)
+    };
+    let header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(extension);
+    frame.extend_from_slice(payload);
+    stream.write_all(&frame).unwrap();
+}
+
+struct Response {
+    header: FrameHeader,
+    extension: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+fn receive(stream: &mut TcpStream) -> Response {
+    let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header_bytes).unwrap();
+    let limits = Limits {
+        payload_bytes_max: 1 << 30,
+        ..Limits::default()
+    };
+    let header = FrameHeader::decode(&header_bytes, &limits).expect("a valid response header");
+    let mut extension = vec![0; header.extension_len as usize];
+    stream.read_exact(&mut extension).unwrap();
+    header.check_extension(&extension).unwrap();
+    let mut payload = vec![0; header.payload_len as usize];
+    stream.read_exact(&mut payload).unwrap();
+    header
+        .check_payload_crc(if payload.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(&payload)
+        })
+        .unwrap();
+    Response {
+        header,
+        extension,
+        payload,
+    }
+}
+
+fn status(response: &Response) -> Status {
+    Status::from_byte(response.header.status).unwrap()
+}
+
+fn hello(stream: &mut TcpStream) -> HelloResponse {
+    let request = HelloRequest {
+        version_min: 1,
+        version_max: 1,
+        limits: Limits::default(),
+        client_nonce: [1; 16],
+        proof: None,
+    };
+    send(stream, Opcode::Hello, 1, &request.encode(), &[]);
+    let response = receive(stream);
+    assert_eq!(status(&response), Status::Ok);
+    HelloResponse::decode(&response.extension).unwrap()
+}
+
+fn name(key: &str) -> ObjectName {
+    ObjectName {
+        bucket: "data".into(),
+        key: key.into(),
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|index| ((index as u64).wrapping_mul(31).wrapping_add(seed * 7) % 251) as u8)
+        .collect()
+}
+
+#[test]
+fn operations_over_a_real_connection() {
+    let server = ServerProcess::start("operations");
+    let mut stream = server.connect();
+
+    send(&mut stream, Opcode::Ping, 5, &[], &[]);
+    let early = receive(&mut stream);
+    assert_eq!(
+        status(&early),
+        Status::Unauthenticated,
+        "nothing before HELLO"
+    );
+    assert_eq!(early.header.request_id, 5);
+
+    let greeting = hello(&mut stream);
+    assert_eq!(greeting.shard_count, 2);
+    assert_eq!(greeting.version, 1);
+
+    send(&mut stream, Opcode::Ping, 6, &[], &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+
+    // Keys that land on both shards, so that half of them are forwarded between shards.
+    for index in 0..20u64 {
+        let data = pattern(index, 1000 + index as usize * 997);
+        let put = PutRequest {
+            name: name(&format!("k{index}")),
+            object_bytes: data.len() as u64,
+        };
+        send(&mut stream, Opcode::Put, 100 + index, &put.encode(), &data);
+        let response = receive(&mut stream);
+        assert_eq!(
+            status(&response),
+            Status::Ok,
+            "{}",
+            String::from_utf8_lossy(&response.payload)
+        );
+        assert_eq!(
+            ObjectInfo::decode(&response.extension)
+                .unwrap()
+                .object_bytes,
+            data.len() as u64
+        );
+    }
+    for index in 0..20u64 {
+        let data = pattern(index, 1000 + index as usize * 997);
+        let get = GetRequest {
+            name: name(&format!("k{index}")),
+            range_start: 0,
+            range_end: None,
+        };
+        send(&mut stream, Opcode::Get, 200 + index, &get.encode(), &[]);
+        let response = receive(&mut stream);
+        assert_eq!(status(&response), Status::Ok);
+        assert_eq!(response.header.request_id, 200 + index);
+        assert!(response.payload == data, "k{index} reads back");
+    }
+    let range = GetRequest {
+        name: name("k3"),
+        range_start: 100,
+        range_end: Some(150),
+    };
+    send(&mut stream, Opcode::Get, 300, &range.encode(), &[]);
+    let response = receive(&mut stream);
+    assert_eq!(response.payload, pattern(3, 1000 + 3 * 997)[100..150]);
+    assert_eq!(
+        ObjectInfo::decode(&response.extension).unwrap().range_start,
+        100
+    );
+
+    send(&mut stream, Opcode::Head, 301, &name("k4").encode(), &[]);
+    let head = receive(&mut stream);
+    assert_eq!(
+        ObjectInfo::decode(&head.extension).unwrap().object_bytes,
+        1000 + 4 * 997
+    );
+
+    send(&mut stream, Opcode::Delete, 302, &name("k4").encode(), &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    send(&mut stream, Opcode::Delete, 303, &name("k4").encode(), &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::NotFound);
+    let gone = GetRequest {
+        name: name("k4"),
+        range_start: 0,
+        range_end: None,
+    };
+    send(&mut stream, Opcode::Get, 304, &gone.encode(), &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::NotFound);
+
+    let mut bad_key = Vec::new();
+    bad_key.extend_from_slice(&4u16.to_le_bytes());
+    bad_key.extend_from_slice(b"data");
+    bad_key.extend_from_slice(&0u16.to_le_bytes());
+    send(&mut stream, Opcode::Head, 305, &bad_key, &[]);
+    assert_eq!(
+        status(&receive(&mut stream)),
+        Status::BadRequest,
+        "an empty key"
+    );
+}
+
+#[test]
+fn pipelined_requests_are_all_answered() {
+    let server = ServerProcess::start("pipelined");
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let count = 500u64;
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for index in 0..count {
+            let data = pattern(index, 4096);
+            let put = PutRequest {
+                name: name(&format!("p{index}")),
+                object_bytes: data.len() as u64,
+            };
+            send(&mut writer, Opcode::Put, index, &put.encode(), &data);
+        }
+    });
+    let mut answered = std::collections::HashSet::new();
+    for _ in 0..count {
+        let response = receive(&mut stream);
+        assert_eq!(status(&response), Status::Ok);
+        assert!(
+            answered.insert(response.header.request_id),
+            "one answer per request"
+        );
+    }
+    sender.join().unwrap();
+    assert_eq!(answered.len(), count as usize);
+}
+
+#[test]
+fn malformed_frames_get_a_status_or_a_clean_close() {
+    let server = ServerProcess::start("malformed");
+
+    // An unknown opcode with a valid checksum: UNSUPPORTED, and the connection goes on.
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let mut header = FrameHeader::new(Opcode::Ping, 9, &[], 0, 0).encode();
+    header[6] = 200;
+    let crc = crc32c::crc32c(&header[..44]);
+    header[44..].copy_from_slice(&crc.to_le_bytes());
+    stream.write_all(&header).unwrap();
+    let response = receive(&mut stream);
+    assert_eq!(status(&response), Status::Unsupported);
+    assert_eq!(response.header.request_id, 9);
+    send(&mut stream, Opcode::Ping, 10, &[], &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok, "still serving");
+
+    // A payload checksum mismatch: CHECKSUM_MISMATCH, nothing stored, the connection goes on.
+    let put = PutRequest {
+        name: name("bad-crc"),
+        object_bytes: 4,
+    };
+    let mut frame_header = FrameHeader::new(Opcode::Put, 11, &put.encode(), 4, 12345);
+    frame_header.shard = 0xffff;
+    let mut frame = frame_header.encode().to_vec();
+    frame.extend_from_slice(&put.encode());
+    frame.extend_from_slice(b"data");
+    stream.write_all(&frame).unwrap();
+    assert_eq!(status(&receive(&mut stream)), Status::ChecksumMismatch);
+    send(
+        &mut stream,
+        Opcode::Head,
+        12,
+        &name("bad-crc").encode(),
+        &[],
+    );
+    assert_eq!(status(&receive(&mut stream)), Status::NotFound);
+
+    // A payload above the limit: TOO_LARGE, then the connection closes.
+    let huge = FrameHeader::new(Opcode::Put, 13, &[], 1 << 40, 0);
+    stream.write_all(&huge.encode()).unwrap();
+    assert_eq!(status(&receive(&mut stream)), Status::TooLarge);
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).unwrap(), 0, "closed");
+
+    // Bad magic and a flipped header byte: the connection closes.
+    for corrupt in [0usize, 20] {
+        let mut stream = server.connect();
+        hello(&mut stream);
+        let mut bytes = FrameHeader::new(Opcode::Ping, 14, &[], 0, 0).encode();
+        bytes[corrupt] ^= 0x55;
+        stream.write_all(&bytes).unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(
+            stream.read_to_end(&mut rest).unwrap(),
+            0,
+            "closed after byte {corrupt} was flipped"
+        );
+    }
+
+    // A truncated frame followed by the client going away: the server keeps serving others.
+    let mut truncated = server.connect();
+    truncated
+        .write_all(&FrameHeader::new(Opcode::Ping, 15, &[], 0, 0).encode()[..20])
+        .unwrap();
+    drop(truncated);
+    let mut other = server.connect();
+    hello(&mut other);
+    send(&mut other, Opcode::Ping, 16, &[], &[]);
+    assert_eq!(status(&receive(&mut other)), Status::Ok);
+}
+
+#[test]
+fn sigterm_stops_the_server_with_status_zero_and_data_survives() {
+    let mut server = ServerProcess::start("sigterm");
+    {
+        let mut stream = server.connect();
+        hello(&mut stream);
+        let put = PutRequest {
+            name: name("durable"),
+            object_bytes: 5,
+        };
+        send(&mut stream, Opcode::Put, 1, &put.encode(), b"hello");
+        assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    }
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+
+    let data = server.directory.join("data.hyd");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(["--listen", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    server.child = child;
+    server.address = line.split_whitespace().nth(3).unwrap().to_string();
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let get = GetRequest {
+        name: name("durable"),
+        range_start: 0,
+        range_end: None,
+    };
+    send(&mut stream, Opcode::Get, 2, &get.encode(), &[]);
+    assert_eq!(receive(&mut stream).payload, b"hello");
+}
