@@ -1,1 +1,355 @@
-//! hydrant-client: routing, pipelining and pinned reads, and the `hydrant` CLI. Built in issue 3.
+//! hydrant-client: a blocking client for hydrant servers.
+//!
+//! One connection per node, greeted with HELLO. Keys are placed on nodes by rendezvous hashing:
+//! each (node, bucket, key) gets a score and the highest wins, so adding or removing a node
+//! moves only the keys that node wins or won.
+//!
+//! Built so far (issue 3, in progress): put, get (whole or range), head, delete, list, ping.
+//! Pooling, pipelining from the API, retries and the async API come next.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use hydrant_proto::message::{
+    GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry, ListRequest, Message,
+    ObjectInfo, ObjectName, PutRequest,
+};
+use hydrant_proto::{
+    FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass, FRAME_HEADER_BYTES,
+};
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The server answered with a status other than OK; `message` is its reason.
+    Status {
+        status: u8,
+        message: String,
+    },
+    Io(io::Error),
+    Protocol(ProtoError),
+    /// Bad input caught before anything was sent.
+    Usage(String),
+}
+
+impl ClientError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ClientError::Status { status, .. } if *status == Status::NotFound as u8)
+    }
+
+    /// Worth retrying (a retriable status, or a broken connection).
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            ClientError::Status { status, .. } => {
+                Status::class_of(*status) == StatusClass::Retriable
+            }
+            ClientError::Io(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Status { status, message } => {
+                let name = Status::from_byte(*status)
+                    .map(|status| format!("{status:?}"))
+                    .unwrap_or(format!("status {status:#x}"));
+                write!(formatter, "{name}: {message}")
+            }
+            ClientError::Io(error) => write!(formatter, "{error}"),
+            ClientError::Protocol(error) => write!(formatter, "protocol error: {error}"),
+            ClientError::Usage(message) => write!(formatter, "{message}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<io::Error> for ClientError {
+    fn from(error: io::Error) -> Self {
+        ClientError::Io(error)
+    }
+}
+
+impl From<ProtoError> for ClientError {
+    fn from(error: ProtoError) -> Self {
+        ClientError::Protocol(error)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+struct Node {
+    address: String,
+    stream: TcpStream,
+    limits: Limits,
+    next_request_id: u64,
+}
+
+struct Response {
+    header: FrameHeader,
+    extension: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl Node {
+    fn connect(address: &str, timeout: Duration) -> Result<Node> {
+        let stream = TcpStream::connect(address)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.set_nodelay(true)?;
+        let mut node = Node {
+            address: address.to_string(),
+            stream,
+            limits: Limits::default(),
+            next_request_id: 1,
+        };
+        let hello = HelloRequest {
+            version_min: 1,
+            version_max: 1,
+            limits: Limits::default(),
+            client_nonce: [0; 16],
+            proof: None,
+        };
+        let answer = node.call(Opcode::Hello, &hello.encode(), &[])?;
+        let greeting = HelloResponse::decode(&answer.extension)?;
+        node.limits = greeting.limits;
+        Ok(node)
+    }
+
+    fn call(&mut self, opcode: Opcode, extension: &[u8], payload: &[u8]) -> Result<Response> {
+        if payload.len() as u64 > self.limits.payload_bytes_max {
+            return Err(ClientError::Usage(format!(
+                "{} bytes exceed the server's payload limit of {} (streaming is not supported yet)",
+                payload.len(),
+                self.limits.payload_bytes_max
+            )));
+        }
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let crc = if payload.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(payload)
+        };
+        let header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
+        self.stream.write_all(&header.encode())?;
+        self.stream.write_all(extension)?;
+        self.stream.write_all(payload)?;
+        let response = self.receive()?;
+        if response.header.request_id != request_id {
+            return Err(ClientError::Protocol(ProtoError::Malformed(
+                "an answer to another request",
+            )));
+        }
+        if response.header.status != Status::Ok as u8 {
+            return Err(ClientError::Status {
+                status: response.header.status,
+                message: String::from_utf8_lossy(&response.payload).into_owned(),
+            });
+        }
+        Ok(response)
+    }
+
+    fn receive(&mut self) -> Result<Response> {
+        let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
+        self.stream.read_exact(&mut header_bytes)?;
+        let header = FrameHeader::decode(&header_bytes, &self.limits)?;
+        let mut extension = vec![0; header.extension_len as usize];
+        self.stream.read_exact(&mut extension)?;
+        header.check_extension(&extension)?;
+        let mut payload = vec![0; header.payload_len as usize];
+        self.stream.read_exact(&mut payload)?;
+        header.check_payload_crc(if payload.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(&payload)
+        })?;
+        Ok(Response {
+            header,
+            extension,
+            payload,
+        })
+    }
+}
+
+/// A 64-bit mix of bytes (FNV-1a, then a finaliser), for rendezvous scores.
+fn score(node: &str, bucket: &str, key: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node
+        .bytes()
+        .chain([0])
+        .chain(bucket.bytes())
+        .chain([0])
+        .chain(key.bytes())
+    {
+        hash ^= byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^ (hash >> 33)
+}
+
+/// The node (index into `nodes`) that owns (bucket, key): the highest rendezvous score.
+pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
+    (0..nodes.len())
+        .max_by_key(|&index| score(&nodes[index], bucket, key))
+        .expect("at least one node")
+}
+
+/// A blocking client of one or several hydrant servers.
+pub struct Client {
+    nodes: Vec<Node>,
+    addresses: Vec<String>,
+}
+
+impl Client {
+    /// Connect (and say HELLO) to every server in `servers`.
+    pub fn connect(servers: &[String], timeout: Duration) -> Result<Client> {
+        if servers.is_empty() {
+            return Err(ClientError::Usage("no server given".into()));
+        }
+        let nodes = servers
+            .iter()
+            .map(|address| {
+                Node::connect(address, timeout).map_err(|error| annotate(address, error))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Client {
+            nodes,
+            addresses: servers.to_vec(),
+        })
+    }
+
+    fn node(&mut self, bucket: &str, key: &str) -> &mut Node {
+        let index = node_for(&self.addresses, bucket, key);
+        &mut self.nodes[index]
+    }
+
+    fn name(bucket: &str, key: &str) -> ObjectName {
+        ObjectName {
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+        }
+    }
+
+    pub fn put(&mut self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectInfo> {
+        let request = PutRequest {
+            name: Self::name(bucket, key),
+            object_bytes: data.len() as u64,
+        };
+        let answer = self
+            .node(bucket, key)
+            .call(Opcode::Put, &request.encode(), data)?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    /// The object (or bytes `start..end` of it, `end` exclusive).
+    pub fn get(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        let (range_start, range_end) = range.unwrap_or((0, None));
+        let request = GetRequest {
+            name: Self::name(bucket, key),
+            range_start,
+            range_end,
+        };
+        let answer = self
+            .node(bucket, key)
+            .call(Opcode::Get, &request.encode(), &[])?;
+        Ok((ObjectInfo::decode(&answer.extension)?, answer.payload))
+    }
+
+    pub fn head(&mut self, bucket: &str, key: &str) -> Result<ObjectInfo> {
+        let answer =
+            self.node(bucket, key)
+                .call(Opcode::Head, &Self::name(bucket, key).encode(), &[])?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    pub fn delete(&mut self, bucket: &str, key: &str) -> Result<()> {
+        self.node(bucket, key)
+            .call(Opcode::Delete, &Self::name(bucket, key).encode(), &[])?;
+        Ok(())
+    }
+
+    /// Up to `limit` keys of `bucket` starting with `prefix`, after `start_after`, in key order,
+    /// gathered from every node.
+    pub fn list(
+        &mut self,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ListEntry>> {
+        let request = ListRequest {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+            start_after: start_after.map(str::to_string),
+            limit,
+        };
+        let mut entries = Vec::new();
+        for node in &mut self.nodes {
+            let answer = node
+                .call(Opcode::List, &request.encode(), &[])
+                .map_err(|error| annotate(&node.address, error))?;
+            entries.extend(ListEntries::decode(&answer.payload)?.entries);
+        }
+        entries.sort_by(|left, right| left.key.cmp(&right.key));
+        entries.truncate(limit as usize);
+        Ok(entries)
+    }
+
+    pub fn ping(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            node.call(Opcode::Ping, &[], &[])?;
+        }
+        Ok(())
+    }
+}
+
+fn annotate(address: &str, error: ClientError) -> ClientError {
+    match error {
+        ClientError::Io(io_error) => ClientError::Io(io::Error::new(
+            io_error.kind(),
+            format!("{address}: {io_error}"),
+        )),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_moves_only_the_removed_nodes_keys() {
+        let three: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+        let two: Vec<String> = ["a:1", "c:1"].map(String::from).to_vec();
+        let mut moved = 0;
+        let mut counts = [0usize; 3];
+        for index in 0..3000 {
+            let key = format!("key-{index}");
+            let before = node_for(&three, "b", &key);
+            counts[before] += 1;
+            let after = &two[node_for(&two, "b", &key)];
+            if three[before] != *after {
+                moved += 1;
+                assert_eq!(three[before], "b:1", "only keys of the removed node move");
+            }
+        }
+        assert_eq!(moved, counts[1]);
+        assert!(
+            counts.iter().all(|&count| count > 800),
+            "spread: {counts:?}"
+        );
+    }
+}

@@ -426,3 +426,86 @@ mod tests {
         }
     }
 }
+
+/// One object in a LIST answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntry {
+    pub key: String,
+    pub object_bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
+}
+
+/// LIST's answer, carried as the payload: a count, then each entry's key (str16), size, version
+/// and dirty flag, in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntries {
+    pub entries: Vec<ListEntry>,
+}
+
+/// The most entries one LIST answer holds.
+pub const LIST_ENTRIES_MAX: usize = 10_000;
+
+impl Message for ListEntries {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u32(self.entries.len() as u32);
+        for entry in &self.entries {
+            writer.bytes16(entry.key.as_bytes());
+            writer.u64(entry.object_bytes);
+            writer.u64(entry.seq);
+            writer.u8(u8::from(entry.dirty));
+        }
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let count = reader.u32()? as usize;
+        if count > LIST_ENTRIES_MAX {
+            return Err(ProtoError::Malformed("more list entries than a page holds"));
+        }
+        let mut entries = Vec::with_capacity(count);
+        for _ in 0..count {
+            let key = reader
+                .text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?
+                .to_string();
+            let object_bytes = reader.u64()?;
+            let seq = reader.u64()?;
+            let dirty = reader.u8()? != 0;
+            entries.push(ListEntry {
+                key,
+                object_bytes,
+                seq,
+                dirty,
+            });
+        }
+        Ok(ListEntries { entries })
+    }
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::*;
+
+    #[test]
+    fn list_entries_round_trip_and_are_bounded() {
+        let page = ListEntries {
+            entries: vec![
+                ListEntry {
+                    key: "a/1".into(),
+                    object_bytes: 10,
+                    seq: 1,
+                    dirty: false,
+                },
+                ListEntry {
+                    key: "a/2".into(),
+                    object_bytes: 0,
+                    seq: 9,
+                    dirty: true,
+                },
+            ],
+        };
+        assert_eq!(ListEntries::decode(&page.encode()), Ok(page));
+        let mut too_many = Writer::new();
+        too_many.u32(LIST_ENTRIES_MAX as u32 + 1);
+        assert!(ListEntries::decode(&too_many.finish()).is_err());
+    }
+}

@@ -16,7 +16,8 @@ use hydrant_engine::rt::{net, spawn, time::sleep};
 use hydrant_engine::store::{ObjectKey, Store};
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
 use hydrant_proto::message::{
-    GetRequest, HelloRequest, HelloResponse, Message, ObjectInfo, ObjectName, PutRequest,
+    GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry, ListRequest, Message,
+    ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
     FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES, PROTOCOL_VERSION,
@@ -475,6 +476,30 @@ async fn respond(
                     format!("{}/{} is not stored", name.bucket, name.key),
                 ))
             }
+        }
+        Opcode::List => {
+            let request = ListRequest::decode(extension).map_err(bad_request)?;
+            let limit = (request.limit as usize).min(LIST_ENTRIES_MAX);
+            let listed = connection
+                .engine
+                .list(
+                    &request.bucket,
+                    &request.prefix,
+                    request.start_after.as_deref(),
+                    limit,
+                )
+                .await
+                .map_err(engine_failure)?;
+            let entries = listed
+                .into_iter()
+                .map(|meta| ListEntry {
+                    key: meta.key,
+                    object_bytes: meta.bytes,
+                    seq: meta.seq,
+                    dirty: meta.dirty,
+                })
+                .collect();
+            Ok((Vec::new(), ListEntries { entries }.encode()))
         }
         other => Err((
             Status::Unsupported,

@@ -1,0 +1,160 @@
+//! `hydrant`: the command-line client.
+//!
+//! Exit status: 0 on success, 3 when the object is not found, 1 for any other failure (with a
+//! one-line reason on stderr), 2 for bad usage.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use hydrant_client::{Client, ClientError};
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_NOT_FOUND: u8 = 3;
+/// Keys listed per `ls`.
+const LIST_LIMIT: u32 = 10_000;
+
+#[derive(Parser)]
+#[command(
+    name = "hydrant",
+    about = "Put, get and list objects on hydrant servers"
+)]
+struct Arguments {
+    /// Servers, comma-separated; keys are placed on them by rendezvous hashing.
+    #[arg(
+        long,
+        env = "HYDRANT_SERVER",
+        default_value = "127.0.0.1:7700",
+        value_delimiter = ','
+    )]
+    server: Vec<String>,
+    /// Seconds to wait for a server before giving up.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Store FILE (or standard input, `-` or nothing) as BUCKET/KEY.
+    Put {
+        object: String,
+        file: Option<String>,
+    },
+    /// Write BUCKET/KEY to FILE (or standard output).
+    Get {
+        object: String,
+        file: Option<String>,
+        /// Bytes START-END, both included (END may be left out: to the end).
+        #[arg(long)]
+        range: Option<String>,
+    },
+    /// Size and version of BUCKET/KEY.
+    Stat { object: String },
+    /// Keys of BUCKET[/PREFIX].
+    Ls { path: String },
+    /// Delete BUCKET/KEY.
+    Rm { object: String },
+}
+
+/// "BUCKET/KEY" into its parts; the key must not be empty.
+fn split_object(object: &str) -> Result<(&str, &str), ClientError> {
+    match object.split_once('/') {
+        Some((bucket, key)) if !bucket.is_empty() && !key.is_empty() => Ok((bucket, key)),
+        _ => Err(ClientError::Usage(format!("{object:?} is not BUCKET/KEY"))),
+    }
+}
+
+/// "START-END" (END included, optional) into a start and an exclusive end.
+fn parse_range(range: &str) -> Result<(u64, Option<u64>), ClientError> {
+    let invalid = || ClientError::Usage(format!("--range {range:?} is not START-END or START-"));
+    let (start, end) = range.split_once('-').ok_or_else(invalid)?;
+    let start: u64 = start.parse().map_err(|_| invalid())?;
+    let end = match end {
+        "" => None,
+        end => {
+            let last: u64 = end.parse().map_err(|_| invalid())?;
+            if last < start {
+                return Err(invalid());
+            }
+            Some(last + 1)
+        }
+    };
+    Ok((start, end))
+}
+
+fn run(arguments: Arguments) -> Result<(), ClientError> {
+    let connect = || Client::connect(&arguments.server, Duration::from_secs(arguments.timeout));
+    match &arguments.command {
+        Command::Put { object, file } => {
+            let (bucket, key) = split_object(object)?;
+            let data = match file.as_deref() {
+                None | Some("-") => {
+                    let mut data = Vec::new();
+                    std::io::stdin().read_to_end(&mut data)?;
+                    data
+                }
+                Some(path) => std::fs::read(path)
+                    .map_err(|error| ClientError::Usage(format!("{path}: {error}")))?,
+            };
+            let info = connect()?.put(bucket, key, &data)?;
+            eprintln!(
+                "stored {object}: {} bytes, version {}",
+                info.object_bytes, info.seq
+            );
+        }
+        Command::Get {
+            object,
+            file,
+            range,
+        } => {
+            let (bucket, key) = split_object(object)?;
+            let range = range.as_deref().map(parse_range).transpose()?;
+            let (_, data) = connect()?.get(bucket, key, range)?;
+            match file.as_deref() {
+                None | Some("-") => std::io::stdout().write_all(&data)?,
+                Some(path) => std::fs::write(path, &data)
+                    .map_err(|error| ClientError::Usage(format!("{path}: {error}")))?,
+            }
+        }
+        Command::Stat { object } => {
+            let (bucket, key) = split_object(object)?;
+            let info = connect()?.head(bucket, key)?;
+            println!(
+                "{object}\t{} bytes\tversion {}\t{}",
+                info.object_bytes,
+                info.seq,
+                if info.dirty { "dirty" } else { "clean" }
+            );
+        }
+        Command::Ls { path } => {
+            let (bucket, prefix) = path.split_once('/').unwrap_or((path.as_str(), ""));
+            for entry in connect()?.list(bucket, prefix, None, LIST_LIMIT)? {
+                println!("{}\t{}", entry.object_bytes, entry.key);
+            }
+        }
+        Command::Rm { object } => {
+            let (bucket, key) = split_object(object)?;
+            connect()?.delete(bucket, key)?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let arguments = Arguments::parse();
+    match run(arguments) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hydrant: {error}");
+            ExitCode::from(match &error {
+                error if error.is_not_found() => EXIT_NOT_FOUND,
+                ClientError::Usage(_) => EXIT_USAGE,
+                _ => EXIT_FAILURE,
+            })
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The `hydrant` CLI and the client library against real servers on loopback (started in this
+//! process through hydrant-server's library; each has its own engine and data file).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hydrant_client::{node_for, Client};
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::EngineConfig;
+use hydrant_proto::Limits;
+use hydrant_server::{Server, ServerConfig};
+
+struct TestServer {
+    server: Option<Server>,
+    directory: PathBuf,
+}
+
+impl TestServer {
+    fn start(name: &str) -> TestServer {
+        let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        let mut engine = EngineConfig::new(vec![DeviceConfig::create(
+            directory.join("data.hyd"),
+            256 << 20,
+        )]);
+        engine.shards = Some(1);
+        engine.arena_bytes = 16 << 20;
+        let server = Server::start(ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            engine,
+            limits: Limits::default(),
+        })
+        .expect("server starts");
+        TestServer {
+            server: Some(server),
+            directory,
+        }
+    }
+
+    fn address(&self) -> String {
+        self.server.as_ref().unwrap().address().to_string()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+fn hydrant(server: &str, arguments: &[&str], input: &[u8]) -> (i32, Vec<u8>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .arg("--server")
+        .arg(server)
+        .args(arguments)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        output.stdout,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_puts_gets_lists_and_removes() {
+    let server = TestServer::start("cli");
+    let address = server.address();
+    let data: Vec<u8> = (0..300_000u32).map(|index| (index % 251) as u8).collect();
+    let file = server.directory.join("input.bin");
+    std::fs::write(&file, &data).unwrap();
+
+    let (code, _, stderr) = hydrant(
+        &address,
+        &["put", "data/a/one.bin", file.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = hydrant(&address, &["put", "data/a/two.txt", "-"], b"from stdin");
+    assert_eq!(code, 0, "{stderr}");
+
+    let (code, stdout, _) = hydrant(&address, &["get", "data/a/one.bin"], b"");
+    assert_eq!(code, 0);
+    assert!(stdout == data);
+    let (code, stdout, _) = hydrant(
+        &address,
+        &["get", "data/a/one.bin", "--range", "100-199"],
+        b"",
+    );
+    assert_eq!(code, 0);
+    assert_eq!(stdout, data[100..200]);
+    let output = server.directory.join("output.txt");
+    let (code, _, _) = hydrant(
+        &address,
+        &["get", "data/a/two.txt", output.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read(&output).unwrap(), b"from stdin");
+
+    let (code, stdout, _) = hydrant(&address, &["stat", "data/a/one.bin"], b"");
+    assert_eq!(code, 0);
+    assert!(String::from_utf8_lossy(&stdout).contains("300000 bytes"));
+    let (code, stdout, _) = hydrant(&address, &["ls", "data/a/"], b"");
+    assert_eq!(code, 0);
+    assert_eq!(
+        String::from_utf8_lossy(&stdout),
+        "300000\ta/one.bin\n10\ta/two.txt\n"
+    );
+
+    let (code, _, _) = hydrant(&address, &["rm", "data/a/two.txt"], b"");
+    assert_eq!(code, 0);
+    let (code, _, stderr) = hydrant(&address, &["get", "data/a/two.txt"], b"");
+    assert_eq!(code, 3, "not found has its own exit status");
+    assert!(stderr.starts_with("hydrant: NotFound"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    let (code, _, stderr) = hydrant(&address, &["get", "no-key"], b"");
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = hydrant("127.0.0.1:1", &["stat", "data/x"], b"");
+    assert_eq!(code, 1, "{stderr}");
+}
+
+#[test]
+fn three_servers_used_as_one_cluster() {
+    let servers: Vec<TestServer> = (0..3)
+        .map(|index| TestServer::start(&format!("cluster-{index}")))
+        .collect();
+    let addresses: Vec<String> = servers.iter().map(TestServer::address).collect();
+    let mut cluster = Client::connect(&addresses, Duration::from_secs(20)).unwrap();
+    for index in 0..90u32 {
+        let key = format!("k{index}");
+        cluster.put("data", &key, key.as_bytes()).unwrap();
+    }
+    for index in 0..90u32 {
+        let key = format!("k{index}");
+        let (_, data) = cluster.get("data", &key, None).unwrap();
+        assert_eq!(data, key.as_bytes());
+        // The key lives on exactly the node rendezvous hashing picks.
+        let owner = node_for(&addresses, "data", &key);
+        for (node, address) in addresses.iter().enumerate() {
+            let mut single =
+                Client::connect(std::slice::from_ref(address), Duration::from_secs(20)).unwrap();
+            let found = single.head("data", &key);
+            assert_eq!(found.is_ok(), node == owner, "{key} on node {node}");
+        }
+    }
+    assert_eq!(cluster.list("data", "k", None, 1000).unwrap().len(), 90);
+}
