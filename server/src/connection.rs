@@ -23,7 +23,9 @@ use hydrant_proto::{
     FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES, PROTOCOL_VERSION,
 };
 
-/// Bytes asked of the kernel per receive.
+/// Bytes asked of the kernel per receive: at least the first (so that an idle connection costs
+/// little), at most the second.
+const RECEIVE_BYTES_MIN: usize = 4 * 1024;
 const RECEIVE_BYTES: usize = 256 * 1024;
 /// Most bytes of queued answers gathered into one send.
 const SEND_BATCH_BYTES_MAX: usize = 1024 * 1024;
@@ -103,10 +105,13 @@ impl Input {
     /// first of them.
     async fn take(&mut self, count: usize) -> io::Result<Option<Vec<u8>>> {
         while self.bytes.len() - self.start < count {
-            let mut buf = self
-                .receive
-                .take()
-                .unwrap_or_else(|| IoBuf::heap(RECEIVE_BYTES));
+            // An idle connection waits with a small buffer; a large frame gets a large one.
+            let missing = count - (self.bytes.len() - self.start);
+            let want = missing.clamp(RECEIVE_BYTES_MIN, RECEIVE_BYTES);
+            let mut buf = match self.receive.take() {
+                Some(buf) if buf.capacity() >= want && buf.capacity() <= want * 4 => buf,
+                _ => IoBuf::heap(want),
+            };
             buf.set_len(0);
             let (received, buf) = net::recv(self.socket, buf).await;
             let received = received?;
@@ -128,6 +133,13 @@ impl Input {
         }
         let taken = self.bytes[self.start..self.start + count].to_vec();
         self.start += count;
+        if self.start == self.bytes.len() {
+            self.bytes.clear();
+            self.start = 0;
+            if self.bytes.capacity() > RECEIVE_BYTES {
+                self.bytes = Vec::new(); // give a large frame's memory back
+            }
+        }
         Ok(Some(taken))
     }
 }
@@ -535,7 +547,7 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
         let total: usize = batch.iter().map(Vec::len).sum();
         let mut buf = match spare.take() {
             Some(buf) if buf.capacity() >= total => buf,
-            _ => IoBuf::heap(total.max(64 * 1024)),
+            _ => IoBuf::heap(total),
         };
         buf.set_len(total);
         let mut offset = 0;
@@ -551,6 +563,7 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
                 return;
             }
         }
-        spare = Some(buf);
+        // Keep a modest buffer for the next answers; give a large one back.
+        spare = (buf.capacity() <= RECEIVE_BYTES).then_some(buf);
     }
 }

@@ -85,6 +85,19 @@ fn wait_for_stop_signal(set: &libc::sigset_t) -> i32 {
     signal
 }
 
+/// Every connection is a file descriptor: allow as many as the hard limit does.
+fn raise_open_files_limit() {
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let arguments = Arguments::parse();
     let devices = match arguments
@@ -112,6 +125,7 @@ fn main() -> ExitCode {
         let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
         engine.shards = Some(cores.min(fitting));
     }
+    raise_open_files_limit();
     let signals = block_stop_signals();
     let server = match Server::start(ServerConfig {
         listen: arguments.listen,

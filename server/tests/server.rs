@@ -387,3 +387,59 @@ fn sigterm_stops_the_server_with_status_zero_and_data_survives() {
     send(&mut stream, Opcode::Get, 2, &get.encode(), &[]);
     assert_eq!(receive(&mut stream).payload, b"hello");
 }
+
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn ten_thousand_idle_connections_cost_little_and_do_not_stop_service() {
+    // SAFETY: setrlimit on this process with a struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    let server = ServerProcess::start("idle");
+    let mut first = server.connect();
+    hello(&mut first);
+    let before = resident_bytes(server.child.id());
+    let idle: Vec<TcpStream> = (0..10_000)
+        .map(|_| TcpStream::connect(&server.address).unwrap())
+        .collect();
+    // Every idle connection has been accepted once a new one is served after them.
+    let mut probe = server.connect();
+    hello(&mut probe);
+    send(&mut probe, Opcode::Ping, 2, &[], &[]);
+    assert_eq!(status(&receive(&mut probe)), Status::Ok);
+    std::thread::sleep(Duration::from_millis(200));
+    let after = resident_bytes(server.child.id());
+    let per_connection = after.saturating_sub(before) / idle.len() as u64;
+    eprintln!(
+        "{} idle connections: {} bytes resident each",
+        idle.len(),
+        per_connection
+    );
+    assert!(
+        per_connection < 16 * 1024,
+        "{per_connection} bytes per idle connection"
+    );
+    drop(idle);
+    send(&mut first, Opcode::Ping, 3, &[], &[]);
+    assert_eq!(
+        status(&receive(&mut first)),
+        Status::Ok,
+        "the first connection still works"
+    );
+}
