@@ -97,7 +97,7 @@ struct Response {
 }
 
 impl Node {
-    fn connect(address: &str, timeout: Duration) -> Result<Node> {
+    fn connect(address: &str, token: Option<&[u8]>, timeout: Duration) -> Result<Node> {
         let stream = TcpStream::connect(address)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
@@ -108,15 +108,28 @@ impl Node {
             limits: Limits::default(),
             next_request_id: 1,
         };
+        let client_nonce = random_nonce();
         let hello = HelloRequest {
             version_min: 1,
             version_max: 1,
             limits: Limits::default(),
-            client_nonce: [0; 16],
+            client_nonce,
             proof: None,
         };
         let answer = node.call(Opcode::Hello, &hello.encode(), &[])?;
-        let greeting = HelloResponse::decode(&answer.extension)?;
+        let mut greeting = HelloResponse::decode(&answer.extension)?;
+        if greeting.auth_required {
+            let token = token.ok_or_else(|| {
+                ClientError::Usage(format!("{address} asks for a token (set HYDRANT_TOKEN)"))
+            })?;
+            let proof = hydrant_proto::auth::proof(token, &greeting.server_nonce, &client_nonce);
+            let hello = HelloRequest {
+                proof: Some(proof),
+                ..hello
+            };
+            let answer = node.call(Opcode::Hello, &hello.encode(), &[])?;
+            greeting = HelloResponse::decode(&answer.extension)?;
+        }
         node.limits = greeting.limits;
         Ok(node)
     }
@@ -177,6 +190,25 @@ impl Node {
     }
 }
 
+/// A nonce for HELLO: random per process (std's randomly seeded hasher) and per call.
+fn random_nonce() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let state = std::collections::hash_map::RandomState::new();
+    let mut nonce = [0u8; 16];
+    for half in 0..2 {
+        let mut hasher = state.build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        hasher.write_u128(nanos);
+        nonce[half * 8..half * 8 + 8].copy_from_slice(&hasher.finish().to_le_bytes());
+    }
+    nonce
+}
+
 /// A 64-bit mix of bytes (FNV-1a, then a finaliser), for rendezvous scores.
 fn score(node: &str, bucket: &str, key: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -211,13 +243,22 @@ pub struct Client {
 impl Client {
     /// Connect (and say HELLO) to every server in `servers`.
     pub fn connect(servers: &[String], timeout: Duration) -> Result<Client> {
+        Client::connect_with_token(servers, None, timeout)
+    }
+
+    /// Connect with a token, for servers that ask for a proof of it.
+    pub fn connect_with_token(
+        servers: &[String],
+        token: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Client> {
         if servers.is_empty() {
             return Err(ClientError::Usage("no server given".into()));
         }
         let nodes = servers
             .iter()
             .map(|address| {
-                Node::connect(address, timeout).map_err(|error| annotate(address, error))
+                Node::connect(address, token, timeout).map_err(|error| annotate(address, error))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Client {

@@ -87,7 +87,15 @@ fn parse_range(range: &str) -> Result<(u64, Option<u64>), ClientError> {
 }
 
 fn run(arguments: Arguments) -> Result<(), ClientError> {
-    let connect = || Client::connect(&arguments.server, Duration::from_secs(arguments.timeout));
+    let token = std::env::var("HYDRANT_TOKEN").ok();
+    let connect = || {
+        let token = token.as_deref().map(str::as_bytes);
+        Client::connect_with_token(
+            &arguments.server,
+            token,
+            Duration::from_secs(arguments.timeout),
+        )
+    };
     match &arguments.command {
         Command::Put { object, file } => {
             let (bucket, key) = split_object(object)?;

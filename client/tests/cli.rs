@@ -19,6 +19,10 @@ struct TestServer {
 
 impl TestServer {
     fn start(name: &str) -> TestServer {
+        TestServer::start_with_token(name, None)
+    }
+
+    fn start_with_token(name: &str, token: Option<&[u8]>) -> TestServer {
         let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&directory);
@@ -32,6 +36,8 @@ impl TestServer {
             listen: "127.0.0.1:0".parse().unwrap(),
             engine,
             limits: Limits::default(),
+            token: token.map(<[u8]>::to_vec),
+            allow_remote_without_token: false,
         })
         .expect("server starts");
         TestServer {
@@ -55,7 +61,21 @@ impl Drop for TestServer {
 }
 
 fn hydrant(server: &str, arguments: &[&str], input: &[u8]) -> (i32, Vec<u8>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+    hydrant_with(server, arguments, input, None)
+}
+
+fn hydrant_with(
+    server: &str,
+    arguments: &[&str],
+    input: &[u8],
+    token: Option<&str>,
+) -> (i32, Vec<u8>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hydrant"));
+    command.env_remove("HYDRANT_TOKEN");
+    if let Some(token) = token {
+        command.env("HYDRANT_TOKEN", token);
+    }
+    let mut child = command
         .arg("--server")
         .arg(server)
         .args(arguments)
@@ -156,4 +176,35 @@ fn three_servers_used_as_one_cluster() {
         }
     }
     assert_eq!(cluster.list("data", "k", None, 1000).unwrap().len(), 90);
+}
+
+#[test]
+fn the_cli_proves_the_token_from_its_environment() {
+    let server = TestServer::start_with_token("cli-token", Some(b"sixteen bytes or more"));
+    let address = server.address();
+    let (code, _, stderr) = hydrant(&address, &["put", "data/secret", "-"], b"x");
+    assert_eq!(code, 2, "no token: {stderr}");
+    assert!(stderr.contains("HYDRANT_TOKEN"), "{stderr}");
+    let (code, _, stderr) = hydrant_with(
+        &address,
+        &["put", "data/secret", "-"],
+        b"x",
+        Some("a wrong token, long enough"),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("Unauthenticated"), "{stderr}");
+    let (code, _, stderr) = hydrant_with(
+        &address,
+        &["put", "data/secret", "-"],
+        b"x",
+        Some("sixteen bytes or more"),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, _) = hydrant_with(
+        &address,
+        &["get", "data/secret"],
+        b"",
+        Some("sixteen bytes or more"),
+    );
+    assert_eq!((code, stdout), (0, b"x".to_vec()));
 }

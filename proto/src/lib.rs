@@ -7,6 +7,7 @@
 //! against the negotiated [`Limits`] before anything is allocated. The byte layout is in
 //! docs/protocol.md.
 
+pub mod auth;
 pub mod codec;
 mod error;
 mod frame;

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -32,17 +32,50 @@ const SEND_BATCH_BYTES_MAX: usize = 1024 * 1024;
 /// Pause after an accept error other than the listener closing (out of fds, say).
 const ACCEPT_RETRY_MS: u64 = 10;
 
+/// What every connection of a server is held to.
+#[derive(Clone)]
+pub(crate) struct Policy {
+    pub limits: Limits,
+    pub token: Option<Vec<u8>>,
+    pub allow_remote_without_token: bool,
+}
+
+/// True when the socket's peer is on this host (127.0.0.0/8 or ::1).
+fn peer_is_loopback(socket: &OwnedFd) -> bool {
+    // SAFETY: the fd stays owned by `socket`; ManuallyDrop keeps the stream from closing it.
+    let stream = std::mem::ManuallyDrop::new(unsafe {
+        std::net::TcpStream::from_raw_fd(socket.as_raw_fd())
+    });
+    stream.peer_addr().is_ok_and(|peer| peer.ip().is_loopback())
+}
+
+fn random_nonce() -> [u8; 16] {
+    let mut nonce = [0u8; 16];
+    // SAFETY: getrandom writes at most 16 bytes into the array.
+    let filled = unsafe { libc::getrandom(nonce.as_mut_ptr().cast(), nonce.len(), 0) };
+    assert_eq!(filled, 16, "the kernel's random source is unavailable");
+    nonce
+}
+
 /// Accept connections on `listener` for as long as the shard runs.
 pub(crate) async fn accept_loop(
     store: Rc<Store>,
     engine: EngineHandle,
     listener: RawFd,
-    limits: Limits,
+    policy: Policy,
 ) {
+    let policy = Rc::new(policy);
     loop {
         match net::accept(listener).await {
             Ok(socket) => {
-                spawn(serve(store.clone(), engine.clone(), socket, limits));
+                if policy.token.is_none()
+                    && !policy.allow_remote_without_token
+                    && !peer_is_loopback(&socket)
+                {
+                    log::warn!("refused a connection from another host: no token is configured");
+                    continue;
+                }
+                spawn(serve(store.clone(), engine.clone(), socket, policy.clone()));
             }
             Err(error)
                 if matches!(error.raw_os_error(), Some(libc::EBADF) | Some(libc::EINVAL)) =>
@@ -60,7 +93,8 @@ pub(crate) async fn accept_loop(
 struct Connection {
     store: Rc<Store>,
     engine: EngineHandle,
-    server_limits: Limits,
+    policy: Rc<Policy>,
+    server_nonce: [u8; 16],
     /// The limits in force: the server's until HELLO, the negotiated ones after.
     limits: Cell<Limits>,
     greeted: Cell<bool>,
@@ -144,12 +178,14 @@ impl Input {
     }
 }
 
-async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, limits: Limits) {
+async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
     let fd = socket.as_raw_fd();
+    let limits = policy.limits;
     let connection = Rc::new(Connection {
         store,
         engine,
-        server_limits: limits,
+        policy,
+        server_nonce: random_nonce(),
         limits: Cell::new(limits),
         greeted: Cell::new(false),
         outbox: RefCell::new(VecDeque::new()),
@@ -224,7 +260,9 @@ async fn read_loop(
             continue;
         }
         if header.opcode == Opcode::Hello {
-            hello(connection, &header, &extension);
+            if !hello(connection, &header, &extension) {
+                return Err("closing the connection after a wrong token proof".into());
+            }
             continue;
         }
         if !connection.greeted.get() {
@@ -280,7 +318,9 @@ async fn refuse_header(
     }
 }
 
-fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) {
+/// Answer a HELLO. Returns false when the connection must close (a wrong proof: no second
+/// guess on the same connection).
+fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) -> bool {
     let request = match HelloRequest::decode(extension) {
         Ok(request) => request,
         Err(error) => {
@@ -290,7 +330,7 @@ fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) {
                 &[],
                 error.to_string().as_bytes(),
             );
-            return;
+            return true;
         }
     };
     if !(request.version_min..=request.version_max).contains(&PROTOCOL_VERSION) {
@@ -300,20 +340,37 @@ fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) {
             &[],
             b"this server speaks protocol version 1",
         );
-        return;
+        return true;
     }
-    let limits = connection.server_limits.negotiate(&request.limits);
+    let auth_required = match (&connection.policy.token, &request.proof) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(token), Some(proof)) => {
+            if !hydrant_proto::auth::verify(
+                token,
+                &connection.server_nonce,
+                &request.client_nonce,
+                proof,
+            ) {
+                connection.answer(header, Status::Unauthenticated, &[], b"wrong token proof");
+                return false;
+            }
+            false
+        }
+    };
+    let limits = connection.policy.limits.negotiate(&request.limits);
     connection.limits.set(limits);
-    connection.greeted.set(true);
+    connection.greeted.set(!auth_required);
     let response = HelloResponse {
         version: PROTOCOL_VERSION,
         limits,
-        server_nonce: [0; 16],
-        auth_required: false,
+        server_nonce: connection.server_nonce,
+        auth_required,
         shard_count: connection.engine.shard_count() as u16,
         placement_hash: 1,
     };
     connection.answer(header, Status::Ok, &response.encode(), &[]);
+    true
 }
 
 async fn request(

@@ -2,8 +2,8 @@
 //! the shards), each connection served by the executor of the shard that accepted it. Requests
 //! for keys of another shard are forwarded to it through the engine's bounded inboxes.
 //!
-//! Built so far (issue 3, in progress): HELLO (version and limits; no token yet), PING, GET, PUT
-//! (one frame), HEAD, DELETE, with pipelined requests answered as they complete.
+//! Built so far (issue 3, in progress): HELLO (version, limits, token proof), PING, GET, PUT (one
+//! frame), HEAD, DELETE, LIST, with pipelined requests answered as they complete.
 
 mod connection;
 
@@ -22,6 +22,10 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// The server's side of the negotiated limits.
     pub limits: Limits,
+    /// The shared token clients prove knowledge of in HELLO. `None`: no proof is asked, and only
+    /// loopback clients are served unless `allow_remote_without_token`.
+    pub token: Option<Vec<u8>>,
+    pub allow_remote_without_token: bool,
 }
 
 /// A running server.
@@ -45,12 +49,26 @@ impl Server {
                     .map_err(|error| format!("cannot listen on {address}: {error}"))?,
             );
         }
+        if let Some(token) = &config.token {
+            if token.len() < hydrant_proto::auth::TOKEN_BYTES_MIN {
+                return Err(format!(
+                    "the token is {} bytes; use at least {}",
+                    token.len(),
+                    hydrant_proto::auth::TOKEN_BYTES_MIN
+                ));
+            }
+        }
+        let policy = connection::Policy {
+            limits: config.limits,
+            token: config.token.clone(),
+            allow_remote_without_token: config.allow_remote_without_token,
+        };
         for (shard, listener) in listeners.iter().enumerate() {
             let fd = listener.as_raw_fd();
             let handle = engine.handle();
-            let limits = config.limits;
+            let policy = policy.clone();
             let started = engine.spawn_on_shard(shard, move |store| async move {
-                connection::accept_loop(store, handle, fd, limits).await;
+                connection::accept_loop(store, handle, fd, policy).await;
             });
             block_on(started).map_err(|error| error.to_string())?;
         }

@@ -35,6 +35,12 @@ struct Arguments {
     /// default 1 GiB file).
     #[arg(long, env = "HYDRANT_SHARDS")]
     shards: Option<usize>,
+    /// A file holding the shared token (at least 16 bytes) that clients prove they know in HELLO.
+    #[arg(long, env = "HYDRANT_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Without a token, serve clients on other hosts too (by default only loopback clients are).
+    #[arg(long)]
+    allow_remote_without_token: bool,
 }
 
 /// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
@@ -125,12 +131,27 @@ fn main() -> ExitCode {
         let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
         engine.shards = Some(cores.min(fitting));
     }
+    let token = match &arguments.token_file {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => Some(bytes.trim_ascii().to_vec()),
+            Err(error) => {
+                eprintln!(
+                    "hydrant-server: cannot read the token file {}: {error}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     raise_open_files_limit();
     let signals = block_stop_signals();
     let server = match Server::start(ServerConfig {
         listen: arguments.listen,
         engine,
         limits: Limits::default(),
+        token,
+        allow_remote_without_token: arguments.allow_remote_without_token,
     }) {
         Ok(server) => server,
         Err(error) => {

@@ -20,6 +20,10 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start(name: &str) -> ServerProcess {
+        ServerProcess::start_with(name, &[])
+    }
+
+    fn start_with(name: &str, extra: &[&str]) -> ServerProcess {
         let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&directory);
@@ -28,6 +32,7 @@ impl ServerProcess {
             .args(["--listen", "127.0.0.1:0", "--shards", "2"])
             .arg("--data")
             .arg(format!("{}:512MiB", directory.join("data.hyd").display()))
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -442,4 +447,99 @@ fn ten_thousand_idle_connections_cost_little_and_do_not_stop_service() {
         Status::Ok,
         "the first connection still works"
     );
+}
+
+#[test]
+fn a_token_is_proven_without_crossing_the_wire() {
+    let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("token-file-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let token_file = directory.join("token");
+    std::fs::write(&token_file, "correct horse battery staple\n").unwrap();
+    let server =
+        ServerProcess::start_with("token", &["--token-file", token_file.to_str().unwrap()]);
+    let hello_request = |proof| HelloRequest {
+        version_min: 1,
+        version_max: 1,
+        limits: Limits::default(),
+        client_nonce: [4; 16],
+        proof,
+    };
+
+    // Without a proof: HELLO says a token is needed, and nothing else is served.
+    let mut stream = server.connect();
+    send(
+        &mut stream,
+        Opcode::Hello,
+        1,
+        &hello_request(None).encode(),
+        &[],
+    );
+    let answer = receive(&mut stream);
+    assert_eq!(status(&answer), Status::Ok);
+    let greeting = HelloResponse::decode(&answer.extension).unwrap();
+    assert!(greeting.auth_required);
+    send(&mut stream, Opcode::Ping, 2, &[], &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Unauthenticated);
+
+    // A proof made with the right token opens the connection.
+    let proof = hydrant_proto::auth::proof(
+        b"correct horse battery staple",
+        &greeting.server_nonce,
+        &[4; 16],
+    );
+    send(
+        &mut stream,
+        Opcode::Hello,
+        3,
+        &hello_request(Some(proof)).encode(),
+        &[],
+    );
+    let answer = receive(&mut stream);
+    assert_eq!(status(&answer), Status::Ok);
+    assert!(
+        !HelloResponse::decode(&answer.extension)
+            .unwrap()
+            .auth_required
+    );
+    send(&mut stream, Opcode::Ping, 4, &[], &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+
+    // A wrong token: UNAUTHENTICATED and the connection closes.
+    let mut intruder = server.connect();
+    send(
+        &mut intruder,
+        Opcode::Hello,
+        1,
+        &hello_request(None).encode(),
+        &[],
+    );
+    let greeting = HelloResponse::decode(&receive(&mut intruder).extension).unwrap();
+    let wrong =
+        hydrant_proto::auth::proof(b"not the token at all!", &greeting.server_nonce, &[4; 16]);
+    send(
+        &mut intruder,
+        Opcode::Hello,
+        2,
+        &hello_request(Some(wrong)).encode(),
+        &[],
+    );
+    assert_eq!(status(&receive(&mut intruder)), Status::Unauthenticated);
+    let mut rest = Vec::new();
+    assert_eq!(
+        intruder.read_to_end(&mut rest).unwrap(),
+        0,
+        "closed after a wrong proof"
+    );
+    // A proof replayed on a new connection (new server nonce) fails too.
+    let mut replay = server.connect();
+    send(
+        &mut replay,
+        Opcode::Hello,
+        1,
+        &hello_request(Some(proof)).encode(),
+        &[],
+    );
+    assert_eq!(status(&receive(&mut replay)), Status::Unauthenticated);
+    let _ = std::fs::remove_dir_all(&directory);
 }
