@@ -349,6 +349,19 @@ impl Client {
         Ok(entries)
     }
 
+    /// Each server's metrics (Prometheus text), with its address.
+    pub fn stats(&mut self) -> Result<Vec<(String, String)>> {
+        let mut all = Vec::with_capacity(self.nodes.len());
+        for node in &mut self.nodes {
+            let answer = node.call(Opcode::Stats, &[], &[])?;
+            all.push((
+                node.address.clone(),
+                String::from_utf8_lossy(&answer.payload).into_owned(),
+            ));
+        }
+        Ok(all)
+    }
+
     pub fn ping(&mut self) -> Result<()> {
         for node in &mut self.nodes {
             node.call(Opcode::Ping, &[], &[])?;

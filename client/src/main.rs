@@ -58,6 +58,8 @@ enum Command {
     Ls { path: String },
     /// Delete BUCKET/KEY.
     Rm { object: String },
+    /// Every server's metrics, in the Prometheus text format.
+    Stats,
 }
 
 /// "BUCKET/KEY" into its parts; the key must not be empty.
@@ -142,6 +144,12 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
             let (bucket, prefix) = path.split_once('/').unwrap_or((path.as_str(), ""));
             for entry in connect()?.list(bucket, prefix, None, LIST_LIMIT)? {
                 println!("{}\t{}", entry.object_bytes, entry.key);
+            }
+        }
+        Command::Stats => {
+            for (address, text) in connect()?.stats()? {
+                println!("# server {address}");
+                print!("{text}");
             }
         }
         Command::Rm { object } => {

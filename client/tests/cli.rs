@@ -38,6 +38,7 @@ impl TestServer {
             limits: Limits::default(),
             token: token.map(<[u8]>::to_vec),
             allow_remote_without_token: false,
+            metrics: None,
         })
         .expect("server starts");
         TestServer {
@@ -139,6 +140,10 @@ fn the_cli_puts_gets_lists_and_removes() {
         "300000\ta/one.bin\n10\ta/two.txt\n"
     );
 
+    let (code, stdout, _) = hydrant(&address, &["stats"], b"");
+    assert_eq!(code, 0);
+    let stats = String::from_utf8_lossy(&stdout);
+    assert!(stats.contains("hydrant_objects{shard=\"0\"} 2"), "{stats}");
     let (code, _, _) = hydrant(&address, &["rm", "data/a/two.txt"], b"");
     assert_eq!(code, 0);
     let (code, _, stderr) = hydrant(&address, &["get", "data/a/two.txt"], b"");

@@ -15,6 +15,8 @@ use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
 use hydrant_engine::rt::{net, spawn, time::sleep};
 use hydrant_engine::store::{ObjectKey, Store};
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
+
+use crate::metrics;
 use hydrant_proto::message::{
     GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry, ListRequest, Message,
     ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
@@ -192,6 +194,7 @@ async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: 
         outbox_changed: WaitQueue::new(),
         reading_done: Cell::new(false),
     });
+    metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
     let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
     let mut input = Input {
@@ -211,6 +214,7 @@ async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: 
     connection.outbox_changed.wake_all();
     writer.await;
     drop(socket);
+    metrics::count(|counters| counters.connections_closed += 1);
 }
 
 /// Decode frames until the peer closes or sends something that breaks the stream.
@@ -380,10 +384,19 @@ async fn request(
     payload: Vec<u8>,
     permit: OwnedPermit,
 ) {
-    match respond(&connection, &header, &extension, payload).await {
-        Ok((extension, payload)) => connection.answer(&header, Status::Ok, &extension, &payload),
-        Err((status, message)) => connection.answer(&header, status, &[], message.as_bytes()),
-    }
+    let started = std::time::Instant::now();
+    let bytes_in = FRAME_HEADER_BYTES + extension.len() + payload.len();
+    let (ok, bytes_out) = match respond(&connection, &header, &extension, payload).await {
+        Ok((extension, payload)) => {
+            connection.answer(&header, Status::Ok, &extension, &payload);
+            (true, FRAME_HEADER_BYTES + extension.len() + payload.len())
+        }
+        Err((status, message)) => {
+            connection.answer(&header, status, &[], message.as_bytes());
+            (false, FRAME_HEADER_BYTES + message.len())
+        }
+    };
+    metrics::record_request(header.opcode, ok, started.elapsed(), bytes_in, bytes_out);
     drop(permit);
 }
 
@@ -545,6 +558,12 @@ async fn respond(
                     format!("{}/{} is not stored", name.bucket, name.key),
                 ))
             }
+        }
+        Opcode::Stats => {
+            let text = metrics::gather(&connection.engine)
+                .await
+                .map_err(engine_failure)?;
+            Ok((Vec::new(), text.into_bytes()))
         }
         Opcode::List => {
             let request = ListRequest::decode(extension).map_err(bad_request)?;

@@ -6,6 +6,7 @@
 //! frame), HEAD, DELETE, LIST, with pipelined requests answered as they complete.
 
 mod connection;
+pub mod metrics;
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,6 +27,8 @@ pub struct ServerConfig {
     /// loopback clients are served unless `allow_remote_without_token`.
     pub token: Option<Vec<u8>>,
     pub allow_remote_without_token: bool,
+    /// Serve Prometheus metrics over HTTP here (`GET /metrics`).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// A running server.
@@ -33,6 +36,71 @@ pub struct Server {
     engine: Engine,
     address: SocketAddr,
     listeners: Vec<OwnedFd>,
+    metrics: Option<MetricsEndpoint>,
+}
+
+/// A small HTTP endpoint on its own thread: it answers every request with the metrics text.
+struct MetricsEndpoint {
+    address: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// How often the metrics thread looks for a stop request while idle.
+const METRICS_POLL_MS: u64 = 100;
+
+fn start_metrics(
+    address: SocketAddr,
+    engine: hydrant_engine::EngineHandle,
+) -> Result<MetricsEndpoint, String> {
+    let listener = std::net::TcpListener::bind(address)
+        .map_err(|error| format!("cannot listen for metrics on {address}: {error}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|error| error.to_string())?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let thread_stop = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("hydrant-metrics".into())
+        .spawn(move || serve_metrics(listener, engine, thread_stop))
+        .map_err(|error| error.to_string())?;
+    Ok(MetricsEndpoint {
+        address,
+        stop,
+        thread,
+    })
+}
+
+fn serve_metrics(
+    listener: std::net::TcpListener,
+    engine: hydrant_engine::EngineHandle,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::io::{Read, Write};
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(METRICS_POLL_MS));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let mut request = [0u8; 4096];
+        let _ = stream.read(&mut request);
+        let (status, body) = match block_on(metrics::gather(&engine)) {
+            Ok(text) => ("200 OK", text),
+            Err(error) => ("503 Service Unavailable", format!("{error}\n")),
+        };
+        let _ = write!(
+            stream,
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
 }
 
 impl Server {
@@ -72,15 +140,25 @@ impl Server {
             });
             block_on(started).map_err(|error| error.to_string())?;
         }
+        let metrics = match config.metrics {
+            Some(address) => Some(start_metrics(address, engine.handle())?),
+            None => None,
+        };
         Ok(Server {
             engine,
             address,
             listeners,
+            metrics,
         })
     }
 
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Where metrics are served, if they are.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|metrics| metrics.address)
     }
 
     pub fn shard_count(&self) -> usize {
@@ -90,8 +168,17 @@ impl Server {
     /// Stop the shards (which cancels their accepts and connections), then close the listeners.
     pub fn stop(self) -> io::Result<()> {
         let Server {
-            engine, listeners, ..
+            engine,
+            listeners,
+            metrics,
+            ..
         } = self;
+        if let Some(metrics) = metrics {
+            metrics
+                .stop
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = metrics.thread.join();
+        }
         engine.close();
         drop(listeners);
         Ok(())

@@ -41,6 +41,9 @@ struct Arguments {
     /// Without a token, serve clients on other hosts too (by default only loopback clients are).
     #[arg(long)]
     allow_remote_without_token: bool,
+    /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
+    #[arg(long, env = "HYDRANT_METRICS")]
+    metrics: Option<SocketAddr>,
 }
 
 /// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
@@ -152,6 +155,7 @@ fn main() -> ExitCode {
         limits: Limits::default(),
         token,
         allow_remote_without_token: arguments.allow_remote_without_token,
+        metrics: arguments.metrics,
     }) {
         Ok(server) => server,
         Err(error) => {
@@ -163,8 +167,12 @@ fn main() -> ExitCode {
         .iter()
         .map(|device| device.path.display().to_string())
         .collect();
+    let metrics = server
+        .metrics_address()
+        .map(|address| format!("; metrics on http://{address}/metrics"))
+        .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; data: {}",
+        "hydrant-server listening on {} with {} shards; data: {}{metrics}",
         server.address(),
         server.shard_count(),
         data.join(", ")

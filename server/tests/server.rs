@@ -15,6 +15,7 @@ use hydrant_proto::{FrameHeader, Limits, Opcode, Status, FRAME_HEADER_BYTES};
 struct ServerProcess {
     child: Child,
     address: String,
+    metrics_address: Option<String>,
     directory: PathBuf,
 }
 
@@ -46,9 +47,14 @@ impl ServerProcess {
             .nth(3)
             .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
             .to_string();
+        let metrics_address = line
+            .split("metrics on http://")
+            .nth(1)
+            .map(|rest| rest.trim_end().trim_end_matches("/metrics").to_string());
         ServerProcess {
             child,
             address,
+            metrics_address,
             directory,
         }
     }
@@ -542,4 +548,66 @@ fn a_token_is_proven_without_crossing_the_wire() {
     );
     assert_eq!(status(&receive(&mut replay)), Status::Unauthenticated);
     let _ = std::fs::remove_dir_all(&directory);
+}
+
+#[test]
+fn metrics_over_http_and_stats_count_what_was_done() {
+    let server = ServerProcess::start_with("metrics", &["--metrics", "127.0.0.1:0"]);
+    let mut stream = server.connect();
+    hello(&mut stream);
+    for index in 0..5u64 {
+        let put = PutRequest {
+            name: name(&format!("m{index}")),
+            object_bytes: 3,
+        };
+        send(&mut stream, Opcode::Put, 10 + index, &put.encode(), b"abc");
+        assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    }
+    let get = GetRequest {
+        name: name("m1"),
+        range_start: 0,
+        range_end: None,
+    };
+    send(&mut stream, Opcode::Get, 20, &get.encode(), &[]);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+
+    send(&mut stream, Opcode::Stats, 21, &[], &[]);
+    let stats = receive(&mut stream);
+    assert_eq!(status(&stats), Status::Ok);
+    let text = String::from_utf8(stats.payload).unwrap();
+    let total = |text: &str, prefix: &str| -> u64 {
+        text.lines()
+            .filter(|line| line.starts_with(prefix))
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(total(&text, "hydrant_objects{"), 5);
+    assert_eq!(total(&text, "hydrant_engine_puts_total{"), 5);
+    assert_eq!(
+        total(
+            &text,
+            "hydrant_requests_total{shard=\"0\",operation=\"Put\"}"
+        ) + total(
+            &text,
+            "hydrant_requests_total{shard=\"1\",operation=\"Put\"}"
+        ),
+        5
+    );
+    assert!(
+        text.contains("hydrant_request_duration_seconds_count{operation=\"Get\"} 1"),
+        "{text}"
+    );
+
+    // The same over HTTP, from the address the server printed.
+    let mut output = String::new();
+    let metrics_address = server
+        .metrics_address
+        .clone()
+        .expect("metrics address printed");
+    let mut http = TcpStream::connect(&metrics_address).unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
+    http.read_to_string(&mut output).unwrap();
+    assert!(output.starts_with("HTTP/1.1 200 OK"), "{output}");
+    assert_eq!(total(&output, "hydrant_objects{"), 5);
 }

@@ -1,0 +1,280 @@
+//! Counters of the server, kept per shard thread (no shared mutable state between shards) and
+//! gathered, with the engine's own, into the Prometheus text format for `--metrics` and STATS.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hydrant_engine::ShardStats;
+use hydrant_proto::Opcode;
+
+/// Upper bounds of the latency histogram's buckets, in microseconds (the last is +Inf).
+pub const LATENCY_BUCKETS_US: [u64; 8] = [50, 100, 250, 500, 1_000, 5_000, 25_000, 100_000];
+
+#[derive(Clone, Debug, Default)]
+pub struct ServerCounters {
+    /// Requests answered, per opcode (indexed by the opcode's byte).
+    pub requests: [u64; 16],
+    /// Requests answered with a status other than OK.
+    pub request_errors: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub connections_opened: u64,
+    pub connections_closed: u64,
+    /// Per opcode: counts per bucket of LATENCY_BUCKETS_US, then +Inf; and the sum in µs.
+    pub latency_buckets: [[u64; 9]; 16],
+    pub latency_sum_us: [u64; 16],
+}
+
+thread_local! {
+    static COUNTERS: RefCell<ServerCounters> = RefCell::new(ServerCounters::default());
+}
+
+pub(crate) fn count(update: impl FnOnce(&mut ServerCounters)) {
+    COUNTERS.with(|counters| update(&mut counters.borrow_mut()));
+}
+
+pub(crate) fn record_request(
+    opcode: Opcode,
+    ok: bool,
+    elapsed: Duration,
+    bytes_in: usize,
+    bytes_out: usize,
+) {
+    let index = opcode as usize;
+    let micros = elapsed.as_micros() as u64;
+    let bucket = LATENCY_BUCKETS_US
+        .iter()
+        .position(|&bound| micros <= bound)
+        .unwrap_or(LATENCY_BUCKETS_US.len());
+    count(|counters| {
+        counters.requests[index] += 1;
+        counters.request_errors += u64::from(!ok);
+        counters.bytes_in += bytes_in as u64;
+        counters.bytes_out += bytes_out as u64;
+        counters.latency_buckets[index][bucket] += 1;
+        counters.latency_sum_us[index] += micros;
+    });
+}
+
+/// This shard thread's counters.
+pub fn snapshot() -> ServerCounters {
+    COUNTERS.with(|counters| counters.borrow().clone())
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// The Prometheus text format of every shard's engine stats and server counters.
+pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
+    let mut out = String::new();
+    type Field = fn(&ShardStats) -> u64;
+    let engine_metrics: [(&str, &str, &str, Field); 15] = [
+        ("hydrant_objects", "gauge", "Objects stored.", |stats| {
+            stats.objects
+        }),
+        (
+            "hydrant_object_bytes",
+            "gauge",
+            "Bytes of object data stored.",
+            |stats| stats.object_bytes,
+        ),
+        (
+            "hydrant_regions",
+            "gauge",
+            "Regions of the shard.",
+            |stats| stats.regions,
+        ),
+        (
+            "hydrant_regions_free",
+            "gauge",
+            "Regions free for writing.",
+            |stats| stats.regions_free,
+        ),
+        (
+            "hydrant_engine_gets_total",
+            "counter",
+            "Gets on the NVMe tier.",
+            |stats| stats.counters.gets,
+        ),
+        (
+            "hydrant_engine_hits_total",
+            "counter",
+            "Gets that found the object on the NVMe tier.",
+            |stats| stats.counters.hits,
+        ),
+        (
+            "hydrant_engine_misses_total",
+            "counter",
+            "Gets that did not find the object.",
+            |stats| stats.counters.misses,
+        ),
+        (
+            "hydrant_engine_puts_total",
+            "counter",
+            "Puts made durable.",
+            |stats| stats.counters.puts,
+        ),
+        (
+            "hydrant_engine_deletes_total",
+            "counter",
+            "Deletes made durable.",
+            |stats| stats.counters.deletes,
+        ),
+        (
+            "hydrant_device_read_bytes_total",
+            "counter",
+            "Object bytes read from the devices.",
+            |stats| stats.counters.bytes_read,
+        ),
+        (
+            "hydrant_device_written_bytes_total",
+            "counter",
+            "Object bytes written to the devices.",
+            |stats| stats.counters.bytes_written,
+        ),
+        (
+            "hydrant_flushes_total",
+            "counter",
+            "Group-commit flushes.",
+            |stats| stats.flushes,
+        ),
+        (
+            "hydrant_evictions_total",
+            "counter",
+            "Objects evicted by reclaim.",
+            |stats| stats.counters.evictions,
+        ),
+        (
+            "hydrant_reclaims_total",
+            "counter",
+            "Regions reclaimed.",
+            |stats| stats.counters.reclaims,
+        ),
+        (
+            "hydrant_checksum_errors_total",
+            "counter",
+            "Stored bytes that failed their checksum.",
+            |stats| stats.counters.checksum_errors,
+        ),
+    ];
+    for (name, kind, help, field) in engine_metrics {
+        metric(&mut out, name, kind, help);
+        for (stats, _) in shards {
+            let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", stats.shard, field(stats));
+        }
+    }
+    metric(
+        &mut out,
+        "hydrant_requests_total",
+        "counter",
+        "Requests answered, per operation.",
+    );
+    for (stats, counters) in shards {
+        for opcode in Opcode::ALL {
+            let _ = writeln!(
+                out,
+                "hydrant_requests_total{{shard=\"{}\",operation=\"{opcode:?}\"}} {}",
+                stats.shard, counters.requests[opcode as usize]
+            );
+        }
+    }
+    type CounterField = fn(&ServerCounters) -> u64;
+    let server_metrics: [(&str, &str, CounterField); 5] = [
+        (
+            "hydrant_request_errors_total",
+            "Requests answered with an error status.",
+            |counters| counters.request_errors,
+        ),
+        (
+            "hydrant_received_bytes_total",
+            "Bytes of requests received.",
+            |counters| counters.bytes_in,
+        ),
+        (
+            "hydrant_sent_bytes_total",
+            "Bytes of answers sent.",
+            |counters| counters.bytes_out,
+        ),
+        (
+            "hydrant_connections_opened_total",
+            "Connections accepted.",
+            |counters| counters.connections_opened,
+        ),
+        (
+            "hydrant_connections_closed_total",
+            "Connections closed.",
+            |counters| counters.connections_closed,
+        ),
+    ];
+    for (name, help, field) in server_metrics {
+        metric(&mut out, name, "counter", help);
+        for (stats, counters) in shards {
+            let _ = writeln!(
+                out,
+                "{name}{{shard=\"{}\"}} {}",
+                stats.shard,
+                field(counters)
+            );
+        }
+    }
+    metric(
+        &mut out,
+        "hydrant_request_duration_seconds",
+        "histogram",
+        "Time from a request's arrival to its answer being queued.",
+    );
+    for opcode in [Opcode::Get, Opcode::Put, Opcode::Head, Opcode::Delete] {
+        let index = opcode as usize;
+        let mut cumulative = 0;
+        for (bucket, bound) in LATENCY_BUCKETS_US
+            .iter()
+            .map(|&micros| format!("{}", micros as f64 / 1e6))
+            .chain(["+Inf".to_string()])
+            .enumerate()
+        {
+            cumulative += shards
+                .iter()
+                .map(|(_, counters)| counters.latency_buckets[index][bucket])
+                .sum::<u64>();
+            let _ = writeln!(out, "hydrant_request_duration_seconds_bucket{{operation=\"{opcode:?}\",le=\"{bound}\"}} {cumulative}");
+        }
+        let sum: u64 = shards
+            .iter()
+            .map(|(_, counters)| counters.latency_sum_us[index])
+            .sum();
+        let _ = writeln!(
+            out,
+            "hydrant_request_duration_seconds_sum{{operation=\"{opcode:?}\"}} {}",
+            sum as f64 / 1e6
+        );
+        let _ = writeln!(
+            out,
+            "hydrant_request_duration_seconds_count{{operation=\"{opcode:?}\"}} {cumulative}"
+        );
+    }
+    out
+}
+
+/// Every shard's engine stats and server counters, rendered.
+pub fn gather(
+    engine: &hydrant_engine::EngineHandle,
+) -> impl std::future::Future<Output = hydrant_engine::Result<String>> + Send + 'static {
+    let calls: Vec<_> = (0..engine.shard_count())
+        .map(|shard| {
+            engine.on_shard(
+                shard,
+                |store| async move { Ok((store.stats(), snapshot())) },
+            )
+        })
+        .collect();
+    async move {
+        let mut shards = Vec::with_capacity(calls.len());
+        for call in calls {
+            shards.push(call.await?);
+        }
+        Ok(render(&shards))
+    }
+}
