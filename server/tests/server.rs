@@ -611,3 +611,52 @@ fn metrics_over_http_and_stats_count_what_was_done() {
     assert!(output.starts_with("HTTP/1.1 200 OK"), "{output}");
     assert_eq!(total(&output, "hydrant_objects{"), 5);
 }
+
+#[test]
+fn a_thousand_requests_in_flight_are_answered_out_of_order() {
+    let server = ServerProcess::start("out-of-order");
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let big = pattern(1, 8 << 20);
+    let put = PutRequest {
+        name: name("big"),
+        object_bytes: big.len() as u64,
+    };
+    send(&mut stream, Opcode::Put, 1, &put.encode(), &big);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    // Alternate reads of an 8 MiB object with PINGs, 1,000 requests written before any answer
+    // is read: the PINGs overtake the reads.
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let get = GetRequest {
+            name: name("big"),
+            range_start: 0,
+            range_end: None,
+        };
+        for index in 0..1000u64 {
+            if index % 50 == 0 {
+                send(&mut writer, Opcode::Get, 1000 + index, &get.encode(), &[]);
+            } else {
+                send(&mut writer, Opcode::Ping, 1000 + index, &[], &[]);
+            }
+        }
+    });
+    let mut order = Vec::new();
+    for _ in 0..1000 {
+        let response = receive(&mut stream);
+        assert_eq!(status(&response), Status::Ok);
+        if response.header.opcode == Opcode::Get {
+            assert!(response.payload == big);
+        }
+        order.push(response.header.request_id);
+    }
+    sender.join().unwrap();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (1000..2000).collect::<Vec<u64>>(),
+        "every request answered once"
+    );
+    assert_ne!(order, sorted, "answers came back out of order");
+}
