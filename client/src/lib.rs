@@ -13,11 +13,11 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use hydrant_proto::message::{
-    GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry, ListRequest, Message,
-    ObjectInfo, ObjectName, PutRequest,
+    BatchGetRequest, BatchItem, GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry,
+    ListRequest, Message, ObjectInfo, ObjectName, PutRequest,
 };
 use hydrant_proto::{
-    FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass, FRAME_HEADER_BYTES,
+    FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass, FRAME_HEADER_BYTES,
 };
 
 /// Why a call failed.
@@ -82,6 +82,17 @@ impl From<ProtoError> for ClientError {
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// One item of a batch get: a key and an optional range (`start`, exclusive `end`).
+#[derive(Clone, Debug)]
+pub struct GetItem {
+    pub bucket: String,
+    pub key: String,
+    pub range: Option<(u64, Option<u64>)>,
+}
+
+/// One item's outcome in a batch.
+pub type ItemResult = Result<(ObjectInfo, Vec<u8>)>;
 
 struct Node {
     address: String,
@@ -166,6 +177,59 @@ impl Node {
             });
         }
         Ok(response)
+    }
+
+    /// Send one BATCH_GET and gather its answers (one frame per item, the last without MORE).
+    fn batch(&mut self, request: &BatchGetRequest, in_order: bool) -> Result<Vec<ItemResult>> {
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let extension = request.encode();
+        let mut header = FrameHeader::new(Opcode::BatchGet, request_id, &extension, 0, 0);
+        if in_order {
+            header.flags = header.flags.with(FrameFlags::IN_ORDER);
+        }
+        self.stream.write_all(&header.encode())?;
+        self.stream.write_all(&extension)?;
+        let mut results: Vec<Option<ItemResult>> = (0..request.items.len()).map(|_| None).collect();
+        loop {
+            let response = self.receive()?;
+            if response.header.request_id != request_id {
+                return Err(ClientError::Protocol(ProtoError::Malformed(
+                    "an answer to another request",
+                )));
+            }
+            let more = response.header.flags.contains(FrameFlags::MORE);
+            let Ok(item) = BatchItem::decode(&response.extension) else {
+                // The batch as a whole was refused.
+                return Err(ClientError::Status {
+                    status: response.header.status,
+                    message: String::from_utf8_lossy(&response.payload).into_owned(),
+                });
+            };
+            let slot = results
+                .get_mut(item.item as usize)
+                .ok_or(ClientError::Protocol(ProtoError::Malformed(
+                    "an answer for an item not asked",
+                )))?;
+            *slot = Some(match (response.header.status, item.info) {
+                (0, Some(info)) => Ok((info, response.payload)),
+                (status, _) => Err(ClientError::Status {
+                    status,
+                    message: String::from_utf8_lossy(&response.payload).into_owned(),
+                }),
+            });
+            if !more {
+                break;
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.ok_or(ClientError::Protocol(ProtoError::Malformed(
+                    "an item left unanswered",
+                )))
+            })
+            .collect()
     }
 
     fn receive(&mut self) -> Result<Response> {
@@ -307,6 +371,39 @@ impl Client {
             .node(bucket, key)
             .call(Opcode::Get, &request.encode(), &[])?;
         Ok((ObjectInfo::decode(&answer.extension)?, answer.payload))
+    }
+
+    /// Many gets in one request per node: each item's result, in the order asked. With
+    /// `in_order` the servers answer in request order; otherwise as items complete.
+    pub fn batch_get(&mut self, items: &[GetItem], in_order: bool) -> Result<Vec<ItemResult>> {
+        let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for (index, item) in items.iter().enumerate() {
+            per_node[node_for(&self.addresses, &item.bucket, &item.key)].push(index);
+        }
+        let mut results: Vec<Option<ItemResult>> = (0..items.len()).map(|_| None).collect();
+        for (node, indices) in per_node.into_iter().enumerate() {
+            if indices.is_empty() {
+                continue;
+            }
+            let request = BatchGetRequest {
+                items: indices
+                    .iter()
+                    .map(|&index| GetRequest {
+                        name: Self::name(&items[index].bucket, &items[index].key),
+                        range_start: items[index].range.map_or(0, |range| range.0),
+                        range_end: items[index].range.and_then(|range| range.1),
+                    })
+                    .collect(),
+            };
+            let answers = self.nodes[node].batch(&request, in_order)?;
+            for (index, answer) in indices.into_iter().zip(answers) {
+                results[index] = Some(answer);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every item was sent to a node"))
+            .collect())
     }
 
     pub fn head(&mut self, bucket: &str, key: &str) -> Result<ObjectInfo> {

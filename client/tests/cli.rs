@@ -213,3 +213,51 @@ fn the_cli_proves_the_token_from_its_environment() {
     );
     assert_eq!((code, stdout), (0, b"x".to_vec()));
 }
+
+#[test]
+fn batch_get_of_a_thousand_keys_with_per_item_status() {
+    let servers: Vec<TestServer> = (0..2)
+        .map(|index| TestServer::start(&format!("batch-{index}")))
+        .collect();
+    let addresses: Vec<String> = servers.iter().map(TestServer::address).collect();
+    let mut client = Client::connect(&addresses, Duration::from_secs(20)).unwrap();
+    for index in 0..1000u32 {
+        let key = format!("b{index}");
+        client
+            .put("data", &key, format!("value of {key}").as_bytes())
+            .unwrap();
+    }
+    // Every tenth key is missing; some items ask for a range.
+    let items: Vec<hydrant_client::GetItem> = (0..1000u32)
+        .map(|index| hydrant_client::GetItem {
+            bucket: "data".into(),
+            key: if index % 10 == 9 {
+                format!("missing{index}")
+            } else {
+                format!("b{index}")
+            },
+            range: (index % 7 == 0).then_some((0, Some(5))),
+        })
+        .collect();
+    for in_order in [false, true] {
+        let results = client.batch_get(&items, in_order).unwrap();
+        assert_eq!(results.len(), 1000);
+        for (index, result) in results.iter().enumerate() {
+            if index % 10 == 9 {
+                assert!(
+                    matches!(result, Err(error) if error.is_not_found()),
+                    "item {index}"
+                );
+                continue;
+            }
+            let (info, data) = result.as_ref().unwrap();
+            let expected = format!("value of b{index}");
+            assert_eq!(info.object_bytes, expected.len() as u64);
+            if index % 7 == 0 {
+                assert_eq!(data, &expected.as_bytes()[..5]);
+            } else {
+                assert_eq!(data, expected.as_bytes());
+            }
+        }
+    }
+}

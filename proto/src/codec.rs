@@ -110,6 +110,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
     }
 
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.position
+    }
+
     /// The whole input must have been read: trailing bytes are an error.
     pub fn finish(self) -> Result<(), ProtoError> {
         if self.position != self.bytes.len() {

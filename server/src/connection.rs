@@ -18,11 +18,12 @@ use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
 
 use crate::metrics;
 use hydrant_proto::message::{
-    GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry, ListRequest, Message,
-    ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
+    BatchGetRequest, BatchItem, GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry,
+    ListRequest, Message, ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
-    FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES, PROTOCOL_VERSION,
+    FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
+    PROTOCOL_VERSION,
 };
 
 /// Bytes asked of the kernel per receive: at least the first (so that an idle connection costs
@@ -386,6 +387,12 @@ async fn request(
 ) {
     let started = std::time::Instant::now();
     let bytes_in = FRAME_HEADER_BYTES + extension.len() + payload.len();
+    if header.opcode == Opcode::BatchGet {
+        let ok = batch_get(&connection, &header, &extension).await;
+        metrics::record_request(header.opcode, ok, started.elapsed(), bytes_in, 0);
+        drop(permit);
+        return;
+    }
     let (ok, bytes_out) = match respond(&connection, &header, &extension, payload).await {
         Ok((extension, payload)) => {
             connection.answer(&header, Status::Ok, &extension, &payload);
@@ -443,6 +450,126 @@ where
     }
 }
 
+/// One GET, on the shard that owns its key.
+async fn get_object(
+    connection: &Connection,
+    request: GetRequest,
+) -> Result<(ObjectInfo, Vec<u8>), (Status, String)> {
+    let key = object_key(&request.name)?;
+    let range = ByteRange {
+        start: request.range_start,
+        end: request.range_end,
+    };
+    let payload_max = connection.limits.get().payload_bytes_max;
+    let found = on_owner(connection, &key.clone(), move |store| async move {
+        let Some(read) = store.get(&key, Some(range)).await? else {
+            return Ok(None);
+        };
+        if read.len() as u64 > payload_max {
+            return Err(hydrant_engine::Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{} bytes exceed the payload limit of {payload_max}; read a range",
+                    read.len()
+                ),
+            ));
+        }
+        let info = ObjectInfo {
+            object_bytes: read.bytes,
+            seq: read.seq,
+            dirty: read.dirty,
+            range_start: read.start,
+        };
+        Ok(Some((info, read.to_vec())))
+    })
+    .await
+    .map_err(engine_failure)?;
+    found.ok_or_else(|| {
+        (
+            Status::NotFound,
+            format!("{}/{} is not stored", request.name.bucket, request.name.key),
+        )
+    })
+}
+
+/// BATCH_GET: every item answered by a frame of its own, as it completes (or in request order
+/// with IN_ORDER); every answer but the last carries MORE. Returns whether the batch was valid.
+async fn batch_get(connection: &Rc<Connection>, header: &FrameHeader, extension: &[u8]) -> bool {
+    let request = match BatchGetRequest::decode(extension) {
+        Ok(request) => request,
+        Err(error) => {
+            connection.answer(
+                header,
+                Status::for_error(&error),
+                &[],
+                error.to_string().as_bytes(),
+            );
+            return false;
+        }
+    };
+    let items_max = connection.limits.get().batch_items_max as usize;
+    if request.items.len() > items_max {
+        let message = format!(
+            "{} items exceed the batch limit of {items_max}",
+            request.items.len()
+        );
+        connection.answer(header, Status::TooLarge, &[], message.as_bytes());
+        return false;
+    }
+    let total = request.items.len();
+    let answered = Rc::new(Cell::new(0usize));
+    if header.flags.contains(FrameFlags::IN_ORDER) {
+        for (index, item) in request.items.into_iter().enumerate() {
+            let result = get_object(connection, item).await;
+            answer_item(connection, header, index, result, &answered, total);
+        }
+    } else {
+        let tasks: Vec<_> = request
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let connection = connection.clone();
+                let answered = answered.clone();
+                let header = *header;
+                spawn(async move {
+                    let result = get_object(&connection, item).await;
+                    answer_item(&connection, &header, index, result, &answered, total);
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+    }
+    true
+}
+
+fn answer_item(
+    connection: &Connection,
+    request: &FrameHeader,
+    index: usize,
+    result: Result<(ObjectInfo, Vec<u8>), (Status, String)>,
+    answered: &Cell<usize>,
+    total: usize,
+) {
+    answered.set(answered.get() + 1);
+    let (status, info, payload) = match result {
+        Ok((info, data)) => (Status::Ok, Some(info), data),
+        Err((status, message)) => (status, None, message.into_bytes()),
+    };
+    let extension = BatchItem {
+        item: index as u32,
+        info,
+    }
+    .encode();
+    let mut header = FrameHeader::response(request, status as u8, &extension, &payload);
+    if answered.get() < total {
+        header.flags = header.flags.with(FrameFlags::MORE);
+    }
+    connection.queue(frame_bytes(&header, &extension, &payload));
+}
+
 async fn respond(
     connection: &Connection,
     header: &FrameHeader,
@@ -453,46 +580,12 @@ async fn respond(
         Opcode::Ping => Ok((Vec::new(), Vec::new())),
         Opcode::Get => {
             let request = GetRequest::decode(extension).map_err(bad_request)?;
-            let key = object_key(&request.name)?;
-            let range = ByteRange {
-                start: request.range_start,
-                end: request.range_end,
-            };
-            let payload_max = connection.limits.get().payload_bytes_max;
-            let found = on_owner(connection, &key.clone(), move |store| async move {
-                let Some(read) = store.get(&key, Some(range)).await? else {
-                    return Ok(None);
-                };
-                if read.len() as u64 > payload_max {
-                    return Err(hydrant_engine::Error::new(
-                        ErrorKind::TooLarge,
-                        format!(
-                            "{} bytes exceed the payload limit of {payload_max}; read a range",
-                            read.len()
-                        ),
-                    ));
-                }
-                let info = ObjectInfo {
-                    object_bytes: read.bytes,
-                    seq: read.seq,
-                    dirty: read.dirty,
-                    range_start: read.start,
-                };
-                Ok(Some((info, read.to_vec())))
-            })
-            .await
-            .map_err(engine_failure)?;
-            match found {
-                Some((info, data)) => Ok((info.encode(), data)),
-                None => Err((
-                    Status::NotFound,
-                    format!("{}/{} is not stored", request.name.bucket, request.name.key),
-                )),
-            }
+            let (info, data) = get_object(connection, request).await?;
+            Ok((info.encode(), data))
         }
         Opcode::Put => {
             let request = PutRequest::decode(extension).map_err(bad_request)?;
-            if header.flags.contains(hydrant_proto::FrameFlags::MORE) {
+            if header.flags.contains(FrameFlags::MORE) {
                 return Err((
                     Status::Unsupported,
                     "streamed PUT is not supported yet".into(),
