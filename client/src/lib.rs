@@ -145,26 +145,42 @@ impl Node {
         Ok(node)
     }
 
+    /// Send a request and wait for its answer. A payload above the negotiated limit goes as
+    /// several frames (MORE on all but the last); a streamed answer is put back together.
     fn call(&mut self, opcode: Opcode, extension: &[u8], payload: &[u8]) -> Result<Response> {
-        if payload.len() as u64 > self.limits.payload_bytes_max {
-            return Err(ClientError::Usage(format!(
-                "{} bytes exceed the server's payload limit of {} (streaming is not supported yet)",
-                payload.len(),
-                self.limits.payload_bytes_max
-            )));
-        }
         let request_id = self.next_request_id;
         self.next_request_id += 1;
-        let crc = if payload.is_empty() {
-            0
-        } else {
-            crc32c::crc32c(payload)
-        };
-        let header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
-        self.stream.write_all(&header.encode())?;
-        self.stream.write_all(extension)?;
-        self.stream.write_all(payload)?;
-        let response = self.receive()?;
+        let part_bytes = self.limits.payload_bytes_max as usize;
+        let parts = payload.len().div_ceil(part_bytes).max(1);
+        for index in 0..parts {
+            let part = &payload[(index * part_bytes).min(payload.len())
+                ..((index + 1) * part_bytes).min(payload.len())];
+            let part_extension = if index == 0 { extension } else { &[][..] };
+            let crc = if part.is_empty() {
+                0
+            } else {
+                crc32c::crc32c(part)
+            };
+            let mut header =
+                FrameHeader::new(opcode, request_id, part_extension, part.len() as u64, crc);
+            if index + 1 < parts {
+                header.flags = header.flags.with(FrameFlags::MORE);
+            }
+            self.stream.write_all(&header.encode())?;
+            self.stream.write_all(part_extension)?;
+            self.stream.write_all(part)?;
+        }
+        let mut response = self.receive()?;
+        while response.header.flags.contains(FrameFlags::MORE) {
+            let next = self.receive()?;
+            if next.header.request_id != request_id {
+                return Err(ClientError::Protocol(ProtoError::Malformed(
+                    "a streamed answer was interrupted",
+                )));
+            }
+            response.payload.extend_from_slice(&next.payload);
+            response.header.flags = next.header.flags;
+        }
         if response.header.request_id != request_id {
             return Err(ClientError::Protocol(ProtoError::Malformed(
                 "an answer to another request",

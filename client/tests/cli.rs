@@ -261,3 +261,43 @@ fn batch_get_of_a_thousand_keys_with_per_item_status() {
         }
     }
 }
+
+#[test]
+fn a_one_gib_object_streams_in_and_out() {
+    let directory =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stream-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    // One shard on 3 GiB: half of its usable space is over 1 GiB.
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(
+        directory.join("data.hyd"),
+        3 << 30,
+    )]);
+    engine.shards = Some(1);
+    engine.arena_bytes = 64 << 20;
+    let server = Server::start(ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        engine,
+        limits: Limits::default(),
+        token: None,
+        allow_remote_without_token: false,
+        metrics: None,
+    })
+    .unwrap();
+    let addresses = vec![server.address().to_string()];
+    let mut client = Client::connect(&addresses, Duration::from_secs(120)).unwrap();
+    let object: Vec<u8> = (0..1u64 << 30)
+        .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let info = client.put("data", "checkpoint.bin", &object).unwrap();
+    assert_eq!(info.object_bytes, 1 << 30);
+    let (info, data) = client.get("data", "checkpoint.bin", None).unwrap();
+    assert_eq!(info.object_bytes, 1 << 30);
+    assert!(data == object, "the GiB came back intact");
+    let (_, tail) = client
+        .get("data", "checkpoint.bin", Some(((1 << 30) - 10, None)))
+        .unwrap();
+    assert_eq!(tail, object[(1 << 30) - 10..]);
+    drop(client);
+    server.stop().unwrap();
+    let _ = std::fs::remove_dir_all(&directory);
+}

@@ -578,6 +578,11 @@ impl Drop for Engine {
 }
 
 impl EngineHandle {
+    /// The largest object a put accepts.
+    pub fn object_bytes_max(&self) -> u64 {
+        self.object_bytes_max
+    }
+
     pub fn shard_count(&self) -> usize {
         self.inboxes.len()
     }

@@ -112,12 +112,28 @@ impl Connection {
         self.outbox_changed.wake_all();
     }
 
+    /// Queue the answer to `request`. A payload above the negotiated limit is streamed: the
+    /// first frame carries the extension, every frame but the last carries MORE, and the frames
+    /// are queued together so that nothing comes between them.
     fn answer(&self, request: &FrameHeader, status: Status, extension: &[u8], payload: &[u8]) {
-        self.queue(frame_bytes(
-            &FrameHeader::response(request, status as u8, extension, payload),
-            extension,
-            payload,
-        ));
+        let part_bytes = self.limits.get().payload_bytes_max as usize;
+        if payload.len() <= part_bytes {
+            self.queue(frame_bytes(
+                &FrameHeader::response(request, status as u8, extension, payload),
+                extension,
+                payload,
+            ));
+            return;
+        }
+        let parts = payload.len().div_ceil(part_bytes);
+        for (index, part) in payload.chunks(part_bytes).enumerate() {
+            let part_extension = if index == 0 { extension } else { &[][..] };
+            let mut header = FrameHeader::response(request, status as u8, part_extension, part);
+            if index + 1 < parts {
+                header.flags = header.flags.with(FrameFlags::MORE);
+            }
+            self.queue(frame_bytes(&header, part_extension, part));
+        }
     }
 }
 
@@ -274,6 +290,15 @@ async fn read_loop(
             connection.answer(&header, Status::Unauthenticated, &[], b"send HELLO first");
             continue;
         }
+        let (header, payload) =
+            if header.opcode == Opcode::Put && header.flags.contains(FrameFlags::MORE) {
+                match gather_stream(connection, input, header, &extension, payload).await? {
+                    Some(gathered) => gathered,
+                    None => continue,
+                }
+            } else {
+                (header, payload)
+            };
         let permit = in_flight.acquire_owned().await;
         spawn(request(
             connection.clone(),
@@ -283,6 +308,76 @@ async fn read_loop(
             permit,
         ));
     }
+}
+
+/// Read the rest of a streamed PUT: frames of the same request id, opcode PUT and no extension,
+/// the last without MORE. They must follow the first one directly. Returns the whole object, or
+/// `None` after answering an error (the stream is read to its end either way, so the
+/// connection stays in step).
+async fn gather_stream(
+    connection: &Rc<Connection>,
+    input: &mut Input,
+    first: FrameHeader,
+    extension: &[u8],
+    mut payload: Vec<u8>,
+) -> Result<Option<(FrameHeader, Vec<u8>)>, String> {
+    let object_bytes = PutRequest::decode(extension).map_or(0, |request| request.object_bytes);
+    let object_bytes_max = connection.engine.object_bytes_max();
+    let mut refused: Option<(Status, String)> = None;
+    if object_bytes > object_bytes_max {
+        refused = Some((
+            Status::TooLarge,
+            format!("an object is at most {object_bytes_max} bytes"),
+        ));
+        payload = Vec::new();
+    } else {
+        payload.reserve(object_bytes.saturating_sub(payload.len() as u64) as usize);
+    }
+    loop {
+        let Some(header_bytes) = input
+            .take(FRAME_HEADER_BYTES)
+            .await
+            .map_err(|error| error.to_string())?
+        else {
+            return Err("the peer closed the connection inside a streamed PUT".into());
+        };
+        let part = FrameHeader::decode(&header_bytes, &connection.limits.get())
+            .map_err(|error| format!("closing the connection: {error}"))?;
+        if part.request_id != first.request_id
+            || part.opcode != Opcode::Put
+            || part.extension_len != 0
+        {
+            return Err(
+                "closing the connection: a streamed PUT's frames must follow each other".into(),
+            );
+        }
+        let data = take_all(input, part.payload_len as usize).await?;
+        let crc = if data.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(&data)
+        };
+        if refused.is_none() {
+            if let Err(error) = part.check_payload_crc(crc) {
+                refused = Some((Status::ChecksumMismatch, error.to_string()));
+            } else if (payload.len() + data.len()) as u64 > object_bytes {
+                refused = Some((Status::BadRequest, "more bytes than object_bytes".into()));
+            } else {
+                payload.extend_from_slice(&data);
+            }
+        }
+        if !part.flags.contains(FrameFlags::MORE) {
+            break;
+        }
+    }
+    if let Some((status, message)) = refused {
+        connection.answer(&first, status, &[], message.as_bytes());
+        return Ok(None);
+    }
+    let mut header = first;
+    header.flags = FrameFlags::empty();
+    header.payload_len = payload.len() as u64;
+    Ok(Some((header, payload)))
 }
 
 async fn take_all(input: &mut Input, count: usize) -> Result<Vec<u8>, String> {
@@ -460,20 +555,10 @@ async fn get_object(
         start: request.range_start,
         end: request.range_end,
     };
-    let payload_max = connection.limits.get().payload_bytes_max;
     let found = on_owner(connection, &key.clone(), move |store| async move {
         let Some(read) = store.get(&key, Some(range)).await? else {
             return Ok(None);
         };
-        if read.len() as u64 > payload_max {
-            return Err(hydrant_engine::Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "{} bytes exceed the payload limit of {payload_max}; read a range",
-                    read.len()
-                ),
-            ));
-        }
         let info = ObjectInfo {
             object_bytes: read.bytes,
             seq: read.seq,
@@ -554,6 +639,17 @@ fn answer_item(
     total: usize,
 ) {
     answered.set(answered.get() + 1);
+    let payload_max = connection.limits.get().payload_bytes_max;
+    let result = match result {
+        Ok((_, data)) if data.len() as u64 > payload_max => Err((
+            Status::TooLarge,
+            format!(
+                "{} bytes exceed the payload limit of {payload_max}; get this item on its own",
+                data.len()
+            ),
+        )),
+        other => other,
+    };
     let (status, info, payload) = match result {
         Ok((info, data)) => (Status::Ok, Some(info), data),
         Err((status, message)) => (status, None, message.into_bytes()),
@@ -585,12 +681,6 @@ async fn respond(
         }
         Opcode::Put => {
             let request = PutRequest::decode(extension).map_err(bad_request)?;
-            if header.flags.contains(FrameFlags::MORE) {
-                return Err((
-                    Status::Unsupported,
-                    "streamed PUT is not supported yet".into(),
-                ));
-            }
             if request.object_bytes != payload.len() as u64 {
                 return Err((
                     Status::BadRequest,
