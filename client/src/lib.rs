@@ -17,7 +17,8 @@ use hydrant_proto::message::{
     ListRequest, Message, ObjectInfo, ObjectName, PutRequest,
 };
 use hydrant_proto::{
-    FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass, FRAME_HEADER_BYTES,
+    payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass,
+    FRAME_HEADER_BYTES,
 };
 
 /// Why a call failed.
@@ -156,11 +157,7 @@ impl Node {
             let part = &payload[(index * part_bytes).min(payload.len())
                 ..((index + 1) * part_bytes).min(payload.len())];
             let part_extension = if index == 0 { extension } else { &[][..] };
-            let crc = if part.is_empty() {
-                0
-            } else {
-                crc32c::crc32c(part)
-            };
+            let crc = payload_crc(part);
             let mut header =
                 FrameHeader::new(opcode, request_id, part_extension, part.len() as u64, crc);
             if index + 1 < parts {
@@ -254,14 +251,9 @@ impl Node {
         let header = FrameHeader::decode(&header_bytes, &self.limits)?;
         let mut extension = vec![0; header.extension_len as usize];
         self.stream.read_exact(&mut extension)?;
-        header.check_extension(&extension)?;
         let mut payload = vec![0; header.payload_len as usize];
         self.stream.read_exact(&mut payload)?;
-        header.check_payload_crc(if payload.is_empty() {
-            0
-        } else {
-            crc32c::crc32c(&payload)
-        })?;
+        header.check_body(&extension, &payload)?;
         Ok(Response {
             header,
             extension,

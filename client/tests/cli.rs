@@ -23,12 +23,17 @@ impl TestServer {
     }
 
     fn start_with_token(name: &str, token: Option<&[u8]>) -> TestServer {
+        TestServer::start_with(name, token, 256 << 20)
+    }
+
+    /// One shard on a data file of `bytes`.
+    fn start_with(name: &str, token: Option<&[u8]>, bytes: u64) -> TestServer {
         let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&directory);
         let mut engine = EngineConfig::new(vec![DeviceConfig::create(
             directory.join("data.hyd"),
-            256 << 20,
+            bytes,
         )]);
         engine.shards = Some(1);
         engine.arena_bytes = 16 << 20;
@@ -264,26 +269,9 @@ fn batch_get_of_a_thousand_keys_with_per_item_status() {
 
 #[test]
 fn a_one_gib_object_streams_in_and_out() {
-    let directory =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("stream-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&directory);
     // One shard on 3 GiB: half of its usable space is over 1 GiB.
-    let mut engine = EngineConfig::new(vec![DeviceConfig::create(
-        directory.join("data.hyd"),
-        3 << 30,
-    )]);
-    engine.shards = Some(1);
-    engine.arena_bytes = 64 << 20;
-    let server = Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-    })
-    .unwrap();
-    let addresses = vec![server.address().to_string()];
+    let server = TestServer::start_with("stream", None, 3 << 30);
+    let addresses = vec![server.address()];
     let mut client = Client::connect(&addresses, Duration::from_secs(120)).unwrap();
     let object: Vec<u8> = (0..1u64 << 30)
         .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -297,7 +285,4 @@ fn a_one_gib_object_streams_in_and_out() {
         .get("data", "checkpoint.bin", Some(((1 << 30) - 10, None)))
         .unwrap();
     assert_eq!(tail, object[(1 << 30) - 10..]);
-    drop(client);
-    server.stop().unwrap();
-    let _ = std::fs::remove_dir_all(&directory);
 }

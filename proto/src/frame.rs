@@ -298,6 +298,12 @@ impl FrameHeader {
         Ok(())
     }
 
+    /// Check the extension and the payload read after this header.
+    pub fn check_body(&self, extension: &[u8], payload: &[u8]) -> Result<(), ProtoError> {
+        self.check_extension(extension)?;
+        self.check_payload_crc(payload_crc(payload))
+    }
+
     /// Check a whole payload (or the CRC32C the receiver computed while streaming it in).
     pub fn check_payload_crc(&self, crc: u32) -> Result<(), ProtoError> {
         let expected = if self.payload_len == 0 {
@@ -309,6 +315,15 @@ impl FrameHeader {
             return Err(ProtoError::PayloadChecksum);
         }
         Ok(())
+    }
+}
+
+/// The CRC32C a header carries for `payload` (0 for an empty one).
+pub fn payload_crc(payload: &[u8]) -> u32 {
+    if payload.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(payload)
     }
 }
 

@@ -17,7 +17,9 @@ mod opcode;
 mod status;
 
 pub use error::ProtoError;
-pub use frame::{FrameFlags, FrameHeader, FRAME_HEADER_BYTES, PROTOCOL_MAGIC, PROTOCOL_VERSION};
+pub use frame::{
+    payload_crc, FrameFlags, FrameHeader, FRAME_HEADER_BYTES, PROTOCOL_MAGIC, PROTOCOL_VERSION,
+};
 pub use limits::Limits;
 pub use opcode::Opcode;
 pub use status::{Status, StatusClass};

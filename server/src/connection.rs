@@ -22,7 +22,7 @@ use hydrant_proto::message::{
     ListRequest, Message, ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
-    FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
+    payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
     PROTOCOL_VERSION,
 };
 
@@ -257,21 +257,7 @@ async fn read_loop(
         };
         let extension = take_all(input, header.extension_len as usize).await?;
         let payload = take_all(input, header.payload_len as usize).await?;
-        if let Err(error) = header.check_extension(&extension) {
-            connection.answer(
-                &header,
-                Status::for_error(&error),
-                &[],
-                error.to_string().as_bytes(),
-            );
-            continue;
-        }
-        let payload_crc = if payload.is_empty() {
-            0
-        } else {
-            crc32c::crc32c(&payload)
-        };
-        if let Err(error) = header.check_payload_crc(payload_crc) {
+        if let Err(error) = header.check_body(&extension, &payload) {
             connection.answer(
                 &header,
                 Status::for_error(&error),
@@ -352,11 +338,7 @@ async fn gather_stream(
             );
         }
         let data = take_all(input, part.payload_len as usize).await?;
-        let crc = if data.is_empty() {
-            0
-        } else {
-            crc32c::crc32c(&data)
-        };
+        let crc = payload_crc(&data);
         if refused.is_none() {
             if let Err(error) = part.check_payload_crc(crc) {
                 refused = Some((Status::ChecksumMismatch, error.to_string()));
