@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use hydrant_proto::message::{
@@ -100,6 +100,8 @@ struct Node {
     stream: TcpStream,
     limits: Limits,
     next_request_id: u64,
+    /// An I/O or protocol error left the connection out of step: reconnect before next use.
+    broken: bool,
 }
 
 struct Response {
@@ -110,7 +112,10 @@ struct Response {
 
 impl Node {
     fn connect(address: &str, token: Option<&[u8]>, timeout: Duration) -> Result<Node> {
-        let stream = TcpStream::connect(address)?;
+        let resolved = address.to_socket_addrs()?.next().ok_or_else(|| {
+            ClientError::Usage(format!("{address} does not resolve to an address"))
+        })?;
+        let stream = TcpStream::connect_timeout(&resolved, timeout)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
@@ -119,6 +124,7 @@ impl Node {
             stream,
             limits: Limits::default(),
             next_request_id: 1,
+            broken: false,
         };
         let client_nonce = random_nonce();
         let hello = HelloRequest {
@@ -149,6 +155,19 @@ impl Node {
     /// Send a request and wait for its answer. A payload above the negotiated limit goes as
     /// several frames (MORE on all but the last); a streamed answer is put back together.
     fn call(&mut self, opcode: Opcode, extension: &[u8], payload: &[u8]) -> Result<Response> {
+        let result = self.exchange(opcode, extension, payload);
+        self.note(&result);
+        result
+    }
+
+    /// After an I/O or protocol error the byte stream cannot be trusted any more.
+    fn note<T>(&mut self, result: &Result<T>) {
+        if matches!(result, Err(ClientError::Io(_) | ClientError::Protocol(_))) {
+            self.broken = true;
+        }
+    }
+
+    fn exchange(&mut self, opcode: Opcode, extension: &[u8], payload: &[u8]) -> Result<Response> {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let part_bytes = self.limits.payload_bytes_max as usize;
@@ -194,6 +213,16 @@ impl Node {
 
     /// Send one BATCH_GET and gather its answers (one frame per item, the last without MORE).
     fn batch(&mut self, request: &BatchGetRequest, in_order: bool) -> Result<Vec<ItemResult>> {
+        let result = self.exchange_batch(request, in_order);
+        self.note(&result);
+        result
+    }
+
+    fn exchange_batch(
+        &mut self,
+        request: &BatchGetRequest,
+        in_order: bool,
+    ) -> Result<Vec<ItemResult>> {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let extension = request.encode();
@@ -310,6 +339,8 @@ pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
 pub struct Client {
     nodes: Vec<Node>,
     addresses: Vec<String>,
+    token: Option<Vec<u8>>,
+    timeout: Duration,
 }
 
 impl Client {
@@ -336,12 +367,25 @@ impl Client {
         Ok(Client {
             nodes,
             addresses: servers.to_vec(),
+            token: token.map(<[u8]>::to_vec),
+            timeout,
         })
     }
 
-    fn node(&mut self, bucket: &str, key: &str) -> &mut Node {
+    /// Node `index`, connected again if an error left its connection out of step.
+    fn ready(&mut self, index: usize) -> Result<&mut Node> {
+        if self.nodes[index].broken {
+            let address = self.addresses[index].clone();
+            let node = Node::connect(&address, self.token.as_deref(), self.timeout)
+                .map_err(|error| annotate(&address, error))?;
+            self.nodes[index] = node;
+        }
+        Ok(&mut self.nodes[index])
+    }
+
+    fn node(&mut self, bucket: &str, key: &str) -> Result<&mut Node> {
         let index = node_for(&self.addresses, bucket, key);
-        &mut self.nodes[index]
+        self.ready(index)
     }
 
     fn name(bucket: &str, key: &str) -> ObjectName {
@@ -357,7 +401,7 @@ impl Client {
             object_bytes: data.len() as u64,
         };
         let answer = self
-            .node(bucket, key)
+            .node(bucket, key)?
             .call(Opcode::Put, &request.encode(), data)?;
         Ok(ObjectInfo::decode(&answer.extension)?)
     }
@@ -376,7 +420,7 @@ impl Client {
             range_end,
         };
         let answer = self
-            .node(bucket, key)
+            .node(bucket, key)?
             .call(Opcode::Get, &request.encode(), &[])?;
         Ok((ObjectInfo::decode(&answer.extension)?, answer.payload))
     }
@@ -403,9 +447,17 @@ impl Client {
                     })
                     .collect(),
             };
-            let answers = self.nodes[node].batch(&request, in_order)?;
-            for (index, answer) in indices.into_iter().zip(answers) {
-                results[index] = Some(answer);
+            for group in batch_groups(items, &indices, &self.ready(node)?.limits) {
+                let request = BatchGetRequest {
+                    items: group
+                        .iter()
+                        .map(|&index| request.items[index].clone())
+                        .collect(),
+                };
+                let answers = self.ready(node)?.batch(&request, in_order)?;
+                for (position, answer) in group.into_iter().zip(answers) {
+                    results[indices[position]] = Some(answer);
+                }
             }
         }
         Ok(results
@@ -416,13 +468,13 @@ impl Client {
 
     pub fn head(&mut self, bucket: &str, key: &str) -> Result<ObjectInfo> {
         let answer =
-            self.node(bucket, key)
+            self.node(bucket, key)?
                 .call(Opcode::Head, &Self::name(bucket, key).encode(), &[])?;
         Ok(ObjectInfo::decode(&answer.extension)?)
     }
 
     pub fn delete(&mut self, bucket: &str, key: &str) -> Result<()> {
-        self.node(bucket, key)
+        self.node(bucket, key)?
             .call(Opcode::Delete, &Self::name(bucket, key).encode(), &[])?;
         Ok(())
     }
@@ -443,7 +495,8 @@ impl Client {
             limit,
         };
         let mut entries = Vec::new();
-        for node in &mut self.nodes {
+        for index in 0..self.nodes.len() {
+            let node = self.ready(index)?;
             let answer = node
                 .call(Opcode::List, &request.encode(), &[])
                 .map_err(|error| annotate(&node.address, error))?;
@@ -457,7 +510,8 @@ impl Client {
     /// Each server's metrics (Prometheus text), with its address.
     pub fn stats(&mut self) -> Result<Vec<(String, String)>> {
         let mut all = Vec::with_capacity(self.nodes.len());
-        for node in &mut self.nodes {
+        for index in 0..self.nodes.len() {
+            let node = self.ready(index)?;
             let answer = node.call(Opcode::Stats, &[], &[])?;
             all.push((
                 node.address.clone(),
@@ -468,11 +522,36 @@ impl Client {
     }
 
     pub fn ping(&mut self) -> Result<()> {
-        for node in &mut self.nodes {
-            node.call(Opcode::Ping, &[], &[])?;
+        for index in 0..self.nodes.len() {
+            self.ready(index)?.call(Opcode::Ping, &[], &[])?;
         }
         Ok(())
     }
+}
+
+/// Split one node's items (positions into `indices`) into batches that fit the negotiated
+/// extension size and item count.
+fn batch_groups(items: &[GetItem], indices: &[usize], limits: &Limits) -> Vec<Vec<usize>> {
+    const COUNT_BYTES: usize = 4;
+    let mut groups = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut bytes = COUNT_BYTES;
+    for (position, &index) in indices.iter().enumerate() {
+        // str16 bucket, str16 key, u64 start, u64 end.
+        let item_bytes = 2 + items[index].bucket.len() + 2 + items[index].key.len() + 16;
+        let full = bytes + item_bytes > limits.extension_bytes_max as usize
+            || current.len() >= limits.batch_items_max as usize;
+        if full && !current.is_empty() {
+            groups.push(std::mem::take(&mut current));
+            bytes = COUNT_BYTES;
+        }
+        current.push(position);
+        bytes += item_bytes;
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
 }
 
 fn annotate(address: &str, error: ClientError) -> ClientError {
@@ -488,6 +567,38 @@ fn annotate(address: &str, error: ClientError) -> ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_split_to_fit_the_limits() {
+        let items: Vec<GetItem> = (0..100)
+            .map(|index| GetItem {
+                bucket: "datasets".into(),
+                key: format!("{index:0>1000}"),
+                range: None,
+            })
+            .collect();
+        let indices: Vec<usize> = (0..100).collect();
+        let limits = Limits {
+            extension_bytes_max: 64 * 1024,
+            batch_items_max: 40,
+            ..Limits::default()
+        };
+        let groups = batch_groups(&items, &indices, &limits);
+        // About 1,028 bytes per item: 63 fit in 64 KiB, but at most 40 are allowed.
+        assert_eq!(
+            groups.iter().map(Vec::len).collect::<Vec<_>>(),
+            [40, 40, 20]
+        );
+        let tight = Limits {
+            batch_items_max: 4096,
+            ..limits
+        };
+        let groups = batch_groups(&items, &indices, &tight);
+        assert!(groups
+            .iter()
+            .all(|group| 4 + group.len() * 1028 <= 64 * 1024));
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), 100);
+    }
 
     #[test]
     fn rendezvous_moves_only_the_removed_nodes_keys() {

@@ -82,10 +82,19 @@ fn parse_range(range: &str) -> Result<(u64, Option<u64>), ClientError> {
             if last < start {
                 return Err(invalid());
             }
-            Some(last + 1)
+            // The last possible byte means "to the end".
+            last.checked_add(1)
         }
     };
     Ok((start, end))
+}
+
+/// A local file that could not be read or written: a failure (exit 1), not a usage error.
+fn local_error(path: &str, error: std::io::Error) -> ClientError {
+    ClientError::Io(std::io::Error::new(
+        error.kind(),
+        format!("{path}: {error}"),
+    ))
 }
 
 fn run(arguments: Arguments) -> Result<(), ClientError> {
@@ -107,8 +116,7 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
                     std::io::stdin().read_to_end(&mut data)?;
                     data
                 }
-                Some(path) => std::fs::read(path)
-                    .map_err(|error| ClientError::Usage(format!("{path}: {error}")))?,
+                Some(path) => std::fs::read(path).map_err(|error| local_error(path, error))?,
             };
             let info = connect()?.put(bucket, key, &data)?;
             eprintln!(
@@ -126,8 +134,9 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
             let (_, data) = connect()?.get(bucket, key, range)?;
             match file.as_deref() {
                 None | Some("-") => std::io::stdout().write_all(&data)?,
-                Some(path) => std::fs::write(path, &data)
-                    .map_err(|error| ClientError::Usage(format!("{path}: {error}")))?,
+                Some(path) => {
+                    std::fs::write(path, &data).map_err(|error| local_error(path, error))?
+                }
             }
         }
         Command::Stat { object } => {

@@ -126,6 +126,22 @@ fn the_cli_puts_gets_lists_and_removes() {
     );
     assert_eq!(code, 0);
     assert_eq!(stdout, data[100..200]);
+    let (code, stdout, _) = hydrant(
+        &address,
+        &[
+            "get",
+            "data/a/one.bin",
+            "--range",
+            "299990-18446744073709551615",
+        ],
+        b"",
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        stdout,
+        data[299_990..],
+        "the last possible byte means to the end"
+    );
     let output = server.directory.join("output.txt");
     let (code, _, _) = hydrant(
         &address,

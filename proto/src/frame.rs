@@ -138,7 +138,8 @@ impl FrameHeader {
     }
 
     /// Decode and check a header against `limits`, before anything it announces is read or
-    /// allocated. `bytes` may be longer than a header; only the first 48 bytes are used.
+    /// allocated. The lengths are checked before the reserved fields and the opcode, so that a
+    /// header refused for those still announces lengths within the limits. `bytes` may be longer than a header; only the first 48 bytes are used.
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<FrameHeader, ProtoError> {
         if bytes.len() < FRAME_HEADER_BYTES {
             return Err(ProtoError::Truncated {
@@ -161,20 +162,8 @@ impl FrameHeader {
         if bytes[VERSION_OFFSET] != PROTOCOL_VERSION {
             return Err(ProtoError::UnsupportedVersion(bytes[VERSION_OFFSET]));
         }
-        let flags = bytes[FLAGS_OFFSET];
-        let reserved_a = u16::from_le_bytes(
-            bytes[RESERVED_A_OFFSET..RESERVED_A_OFFSET + 2]
-                .try_into()
-                .expect("2 bytes"),
-        );
-        let reserved_b = u32::from_le_bytes(
-            bytes[RESERVED_B_OFFSET..RESERVED_B_OFFSET + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        if flags & !FrameFlags::KNOWN != 0 || reserved_a != 0 || reserved_b != 0 {
-            return Err(ProtoError::ReservedNotZero);
-        }
+        // Lengths first: every error after this point leaves a header whose announced lengths
+        // are within the limits, so a receiver may skip them and go on.
         let extension_len = u32::from_le_bytes(
             bytes[EXTENSION_LEN_OFFSET..EXTENSION_LEN_OFFSET + 4]
                 .try_into()
@@ -196,6 +185,20 @@ impl FrameHeader {
                 bytes: payload_len,
                 max: limits.payload_bytes_max,
             });
+        }
+        let flags = bytes[FLAGS_OFFSET];
+        let reserved_a = u16::from_le_bytes(
+            bytes[RESERVED_A_OFFSET..RESERVED_A_OFFSET + 2]
+                .try_into()
+                .expect("2 bytes"),
+        );
+        let reserved_b = u32::from_le_bytes(
+            bytes[RESERVED_B_OFFSET..RESERVED_B_OFFSET + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        if flags & !FrameFlags::KNOWN != 0 || reserved_a != 0 || reserved_b != 0 {
+            return Err(ProtoError::ReservedNotZero);
         }
         let opcode = Opcode::from_byte(bytes[OPCODE_OFFSET])?;
         Ok(FrameHeader {

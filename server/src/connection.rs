@@ -32,6 +32,14 @@ const RECEIVE_BYTES_MIN: usize = 4 * 1024;
 const RECEIVE_BYTES: usize = 256 * 1024;
 /// Most bytes of queued answers gathered into one send.
 const SEND_BATCH_BYTES_MAX: usize = 1024 * 1024;
+/// Answers queued for a connection beyond which its requests are no longer read.
+const OUTBOX_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Requests refused before HELLO after which the connection is closed.
+const FRAMES_BEFORE_HELLO_MAX: u32 = 16;
+/// Items of one BATCH_GET read at once.
+const BATCH_ITEMS_IN_FLIGHT_MAX: usize = 32;
+/// A connection that has not said HELLO by then is closed.
+const HELLO_DEADLINE_MS: u64 = 10_000;
 /// Pause after an accept error other than the listener closing (out of fds, say).
 const ACCEPT_RETRY_MS: u64 = 10;
 
@@ -102,12 +110,15 @@ struct Connection {
     limits: Cell<Limits>,
     greeted: Cell<bool>,
     outbox: RefCell<VecDeque<Vec<u8>>>,
+    /// Bytes queued in the outbox and not yet sent.
+    outbox_bytes: Cell<usize>,
     outbox_changed: WaitQueue,
     reading_done: Cell<bool>,
 }
 
 impl Connection {
     fn queue(&self, frame: Vec<u8>) {
+        self.outbox_bytes.set(self.outbox_bytes.get() + frame.len());
         self.outbox.borrow_mut().push_back(frame);
         self.outbox_changed.wake_all();
     }
@@ -208,11 +219,13 @@ async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: 
         limits: Cell::new(limits),
         greeted: Cell::new(false),
         outbox: RefCell::new(VecDeque::new()),
+        outbox_bytes: Cell::new(0),
         outbox_changed: WaitQueue::new(),
         reading_done: Cell::new(false),
     });
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
+    spawn(hello_deadline(connection.clone(), fd));
     let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
     let mut input = Input {
         socket: fd,
@@ -234,13 +247,28 @@ async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: 
     metrics::count(|counters| counters.connections_closed += 1);
 }
 
+/// Close a connection that has not said HELLO in time (it would hold an fd and buffers forever).
+async fn hello_deadline(connection: Rc<Connection>, socket: RawFd) {
+    sleep(Duration::from_millis(HELLO_DEADLINE_MS)).await;
+    // While reading is not done, `serve` still owns the socket, so the fd is this connection's.
+    if !connection.greeted.get() && !connection.reading_done.get() {
+        // SAFETY: shutdown on a socket fd this connection still owns.
+        unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
+    }
+}
+
 /// Decode frames until the peer closes or sends something that breaks the stream.
 async fn read_loop(
     connection: &Rc<Connection>,
     input: &mut Input,
     in_flight: &Rc<Semaphore>,
 ) -> Result<(), String> {
+    let mut frames_before_hello = 0;
     loop {
+        // Back-pressure: a peer that does not read its answers stops being read.
+        while connection.outbox_bytes.get() > OUTBOX_BYTES_MAX {
+            connection.outbox_changed.wait().await;
+        }
         let Some(header_bytes) = input
             .take(FRAME_HEADER_BYTES)
             .await
@@ -257,34 +285,40 @@ async fn read_loop(
         };
         let extension = take_all(input, header.extension_len as usize).await?;
         let payload = take_all(input, header.payload_len as usize).await?;
+        let mut refusal: Option<(Status, String)> = None;
         if let Err(error) = header.check_body(&extension, &payload) {
-            connection.answer(
-                &header,
-                Status::for_error(&error),
-                &[],
-                error.to_string().as_bytes(),
-            );
-            continue;
+            refusal = Some((Status::for_error(&error), error.to_string()));
+        } else if header.opcode != Opcode::Hello && !connection.greeted.get() {
+            frames_before_hello += 1;
+            if frames_before_hello > FRAMES_BEFORE_HELLO_MAX {
+                return Err("closing the connection: too many requests before HELLO".into());
+            }
+            refusal = Some((Status::Unauthenticated, "send HELLO first".into()));
+        } else if header.flags.contains(FrameFlags::MORE) && header.opcode != Opcode::Put {
+            refusal = Some((
+                Status::BadRequest,
+                "only PUT may stream over several frames".into(),
+            ));
         }
+        // A streamed request is read to its last frame even when refused, so that one request
+        // gets one answer and the stream stays in step.
+        let (header, payload) = if header.flags.contains(FrameFlags::MORE) {
+            match gather_stream(connection, input, header, &extension, payload, refusal).await? {
+                Some(gathered) => gathered,
+                None => continue,
+            }
+        } else if let Some((status, message)) = refusal {
+            connection.answer(&header, status, &[], message.as_bytes());
+            continue;
+        } else {
+            (header, payload)
+        };
         if header.opcode == Opcode::Hello {
             if !hello(connection, &header, &extension) {
                 return Err("closing the connection after a wrong token proof".into());
             }
             continue;
         }
-        if !connection.greeted.get() {
-            connection.answer(&header, Status::Unauthenticated, &[], b"send HELLO first");
-            continue;
-        }
-        let (header, payload) =
-            if header.opcode == Opcode::Put && header.flags.contains(FrameFlags::MORE) {
-                match gather_stream(connection, input, header, &extension, payload).await? {
-                    Some(gathered) => gathered,
-                    None => continue,
-                }
-            } else {
-                (header, payload)
-            };
         let permit = in_flight.acquire_owned().await;
         spawn(request(
             connection.clone(),
@@ -298,26 +332,27 @@ async fn read_loop(
 
 /// Read the rest of a streamed PUT: frames of the same request id, opcode PUT and no extension,
 /// the last without MORE. They must follow the first one directly. Returns the whole object, or
-/// `None` after answering an error (the stream is read to its end either way, so the
-/// connection stays in step).
+/// `None` after answering an error, `refused` included (the stream is read to its end either
+/// way, so the connection stays in step). The object grows as its frames arrive, up to the
+/// engine's object limit.
 async fn gather_stream(
     connection: &Rc<Connection>,
     input: &mut Input,
     first: FrameHeader,
     extension: &[u8],
     mut payload: Vec<u8>,
+    mut refused: Option<(Status, String)>,
 ) -> Result<Option<(FrameHeader, Vec<u8>)>, String> {
     let object_bytes = PutRequest::decode(extension).map_or(0, |request| request.object_bytes);
     let object_bytes_max = connection.engine.object_bytes_max();
-    let mut refused: Option<(Status, String)> = None;
-    if object_bytes > object_bytes_max {
+    if refused.is_none() && object_bytes > object_bytes_max {
         refused = Some((
             Status::TooLarge,
             format!("an object is at most {object_bytes_max} bytes"),
         ));
+    }
+    if refused.is_some() {
         payload = Vec::new();
-    } else {
-        payload.reserve(object_bytes.saturating_sub(payload.len() as u64) as usize);
     }
     loop {
         let Some(header_bytes) = input
@@ -527,10 +562,12 @@ where
     }
 }
 
-/// One GET, on the shard that owns its key.
+/// One GET, on the shard that owns its key. With `bytes_max`, a read that would return more
+/// is refused from the object's size before anything is read.
 async fn get_object(
     connection: &Connection,
     request: GetRequest,
+    bytes_max: Option<u64>,
 ) -> Result<(ObjectInfo, Vec<u8>), (Status, String)> {
     let key = object_key(&request.name)?;
     let range = ByteRange {
@@ -538,6 +575,16 @@ async fn get_object(
         end: request.range_end,
     };
     let found = on_owner(connection, &key.clone(), move |store| async move {
+        if let (Some(bytes_max), Some(meta)) = (bytes_max, store.head(&key)) {
+            let end = range.end.unwrap_or(meta.bytes).min(meta.bytes);
+            let wanted = end.saturating_sub(range.start);
+            if wanted > bytes_max {
+                return Err(hydrant_engine::Error::new(
+                    ErrorKind::TooLarge,
+                    format!("{wanted} bytes exceed the payload limit of {bytes_max}; get this item on its own"),
+                ));
+            }
+        }
         let Some(read) = store.get(&key, Some(range)).await? else {
             return Ok(None);
         };
@@ -587,10 +634,12 @@ async fn batch_get(connection: &Rc<Connection>, header: &FrameHeader, extension:
     let answered = Rc::new(Cell::new(0usize));
     if header.flags.contains(FrameFlags::IN_ORDER) {
         for (index, item) in request.items.into_iter().enumerate() {
-            let result = get_object(connection, item).await;
+            let bytes_max = connection.limits.get().payload_bytes_max;
+            let result = get_object(connection, item, Some(bytes_max)).await;
             answer_item(connection, header, index, result, &answered, total);
         }
     } else {
+        let reading = Rc::new(Semaphore::new(BATCH_ITEMS_IN_FLIGHT_MAX));
         let tasks: Vec<_> = request
             .items
             .into_iter()
@@ -599,8 +648,11 @@ async fn batch_get(connection: &Rc<Connection>, header: &FrameHeader, extension:
                 let connection = connection.clone();
                 let answered = answered.clone();
                 let header = *header;
+                let reading = reading.clone();
                 spawn(async move {
-                    let result = get_object(&connection, item).await;
+                    let _permit = reading.acquire_owned().await;
+                    let bytes_max = connection.limits.get().payload_bytes_max;
+                    let result = get_object(&connection, item, Some(bytes_max)).await;
                     answer_item(&connection, &header, index, result, &answered, total);
                 })
             })
@@ -658,7 +710,7 @@ async fn respond(
         Opcode::Ping => Ok((Vec::new(), Vec::new())),
         Opcode::Get => {
             let request = GetRequest::decode(extension).map_err(bad_request)?;
-            let (info, data) = get_object(connection, request).await?;
+            let (info, data) = get_object(connection, request, None).await?;
             Ok((info.encode(), data))
         }
         Opcode::Put => {
@@ -797,13 +849,18 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
             offset += frame.len();
         }
         let (sent, buf) = net::send_all(socket, buf).await;
+        connection
+            .outbox_bytes
+            .set(connection.outbox_bytes.get() - total);
         if sent.is_err() {
             // The peer is gone: drop what is left; the reader sees the close too.
             connection.outbox.borrow_mut().clear();
+            connection.outbox_bytes.set(0);
             if connection.reading_done.get() {
                 return;
             }
         }
+        connection.outbox_changed.wake_all();
         // Keep a modest buffer for the next answers; give a large one back.
         spare = (buf.capacity() <= RECEIVE_BYTES).then_some(buf);
     }

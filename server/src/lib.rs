@@ -48,6 +48,8 @@ struct MetricsEndpoint {
 
 /// How often the metrics thread looks for a stop request while idle.
 const METRICS_POLL_MS: u64 = 100;
+/// How long a scrape may take to send its request or read the answer.
+const METRICS_IO_TIMEOUT_S: u64 = 2;
 
 fn start_metrics(
     address: SocketAddr,
@@ -85,10 +87,17 @@ fn serve_metrics(
                 std::thread::sleep(std::time::Duration::from_millis(METRICS_POLL_MS));
                 continue;
             }
-            Err(_) => continue,
+            Err(_) => {
+                // Out of file descriptors, say: wait rather than spin.
+                std::thread::sleep(std::time::Duration::from_millis(METRICS_POLL_MS));
+                continue;
+            }
         };
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        // A scraper that stops reading must not hold up the next scrape or a shutdown.
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(METRICS_IO_TIMEOUT_S)));
+        let _ =
+            stream.set_write_timeout(Some(std::time::Duration::from_secs(METRICS_IO_TIMEOUT_S)));
         let mut request = [0u8; 4096];
         let _ = stream.read(&mut request);
         let (status, body) = match block_on(metrics::gather(&engine)) {

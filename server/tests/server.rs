@@ -329,6 +329,20 @@ fn malformed_frames_get_a_status_or_a_clean_close() {
     let mut rest = Vec::new();
     assert_eq!(stream.read_to_end(&mut rest).unwrap(), 0, "closed");
 
+    // A reserved flag with a huge announced payload: the length is checked first, and the
+    // connection closes instead of the server reading (and keeping) what was announced.
+    let mut greedy = server.connect();
+    hello(&mut greedy);
+    let mut bytes = FrameHeader::new(Opcode::Ping, 17, &[], 0, 0).encode();
+    bytes[5] = 0x80;
+    bytes[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..44]);
+    bytes[44..].copy_from_slice(&crc.to_le_bytes());
+    greedy.write_all(&bytes).unwrap();
+    assert_eq!(status(&receive(&mut greedy)), Status::TooLarge);
+    let mut rest = Vec::new();
+    assert_eq!(greedy.read_to_end(&mut rest).unwrap(), 0, "closed");
+
     // Bad magic and a flipped header byte: the connection closes.
     for corrupt in [0usize, 20] {
         let mut stream = server.connect();
@@ -659,4 +673,22 @@ fn a_thousand_requests_in_flight_are_answered_out_of_order() {
         "every request answered once"
     );
     assert_ne!(order, sorted, "answers came back out of order");
+}
+
+#[test]
+fn a_connection_that_never_says_hello_is_closed() {
+    let server = ServerProcess::start("hello-deadline");
+    let mut silent = server.connect();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    assert_eq!(
+        silent.read_to_end(&mut rest).unwrap(),
+        0,
+        "closed by the server"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(19),
+        "{:?}",
+        started.elapsed()
+    );
 }
