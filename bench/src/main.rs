@@ -9,6 +9,7 @@
 mod alloc_counter;
 mod engine_bench;
 mod fio;
+mod server_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ enum Command {
     Engine(engine_bench::EngineArgs),
     /// DRAM bytes the index costs per stored object.
     IndexMemory(engine_bench::IndexMemoryArgs),
+    /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
+    Server(server_bench::ServerArgs),
     /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
     Demo {
         /// The data file (created with 1 GiB if absent).
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Engine(args) => engine_bench::engine(args),
         Command::IndexMemory(args) => engine_bench::index_memory(args),
+        Command::Server(args) => server_bench::server(args),
         Command::Demo { path } => engine_bench::demo(&path),
     };
     match result {
