@@ -20,16 +20,17 @@ use hydrant_server::{Server, ServerConfig};
     about = "hydrant: an NVMe cache and write-back node for GPU servers"
 )]
 struct Arguments {
+    /// A TOML file with any of these settings (keys as the flags, with _ for -). Flags and
+    /// environment variables win over it.
+    #[arg(long, env = "HYDRANT_CONFIG")]
+    config: Option<PathBuf>,
     /// Address to listen on (port 0: any free port; the chosen one is printed).
-    #[arg(long, default_value = "127.0.0.1:7700", env = "HYDRANT_LISTEN")]
-    listen: SocketAddr,
+    /// Default 127.0.0.1:7700.
+    #[arg(long, env = "HYDRANT_LISTEN")]
+    listen: Option<SocketAddr>,
     /// A device or data file, PATH or PATH:SIZE (a file is created with SIZE, e.g. 64GiB).
-    /// Repeat for several devices.
-    #[arg(
-        long = "data",
-        default_value = "hydrant-data/data.hyd:1GiB",
-        env = "HYDRANT_DATA"
-    )]
+    /// Repeat for several devices. Default hydrant-data/data.hyd:1GiB.
+    #[arg(long = "data", env = "HYDRANT_DATA")]
     data: Vec<String>,
     /// Shards (one per core). Default: as formatted, or the number of cores (at most 4 for the
     /// default 1 GiB file).
@@ -44,6 +45,46 @@ struct Arguments {
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
     #[arg(long, env = "HYDRANT_METRICS")]
     metrics: Option<SocketAddr>,
+}
+
+/// The settings a `--config` file may hold.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    listen: Option<SocketAddr>,
+    data: Option<Vec<String>>,
+    shards: Option<usize>,
+    token_file: Option<PathBuf>,
+    allow_remote_without_token: Option<bool>,
+    metrics: Option<SocketAddr>,
+}
+
+const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
+const DATA_DEFAULT: &str = "hydrant-data/data.hyd:1GiB";
+
+/// Fill what flags and the environment left unset from the config file, then the defaults.
+fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
+    let file = match &arguments.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            toml::from_str::<ConfigFile>(&text)
+                .map_err(|error| format!("{}: {error}", path.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    arguments.listen = arguments
+        .listen
+        .or(file.listen)
+        .or(Some(LISTEN_DEFAULT.parse().expect("a valid default")));
+    if arguments.data.is_empty() {
+        arguments.data = file.data.unwrap_or_else(|| vec![DATA_DEFAULT.to_string()]);
+    }
+    arguments.shards = arguments.shards.or(file.shards);
+    arguments.token_file = arguments.token_file.or(file.token_file);
+    arguments.allow_remote_without_token |= file.allow_remote_without_token.unwrap_or(false);
+    arguments.metrics = arguments.metrics.or(file.metrics);
+    Ok(arguments)
 }
 
 /// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
@@ -108,7 +149,13 @@ fn raise_open_files_limit() {
 }
 
 fn main() -> ExitCode {
-    let arguments = Arguments::parse();
+    let arguments = match merge(Arguments::parse()) {
+        Ok(arguments) => arguments,
+        Err(error) => {
+            eprintln!("hydrant-server: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let devices = match arguments
         .data
         .iter()
@@ -150,7 +197,7 @@ fn main() -> ExitCode {
     raise_open_files_limit();
     let signals = block_stop_signals();
     let server = match Server::start(ServerConfig {
-        listen: arguments.listen,
+        listen: arguments.listen.expect("merged"),
         engine,
         limits: Limits::default(),
         token,

@@ -692,3 +692,47 @@ fn a_connection_that_never_says_hello_is_closed() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_config_file_sets_what_flags_do_not() {
+    let directory =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("config-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).unwrap();
+    let config = directory.join("hydrant.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata = [\"{}:512MiB\"]\nshards = 1\nmetrics = \"127.0.0.1:0\"\n",
+            directory.join("data.hyd").display()
+        ),
+    )
+    .unwrap();
+    // The flag wins over the file's shard count.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(["--config", config.to_str().unwrap(), "--shards", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("with 2 shards"), "{line}");
+    assert!(line.contains("metrics on http://127.0.0.1:"), "{line}");
+
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\nshard_count = 3\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(["--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("shard_count"),
+        "an unknown key is named: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&directory);
+}
