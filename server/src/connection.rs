@@ -562,6 +562,16 @@ where
     }
 }
 
+/// What an answer says about a stored object (from its start).
+fn info_of(meta: &hydrant_engine::ObjectMeta) -> ObjectInfo {
+    ObjectInfo {
+        object_bytes: meta.bytes,
+        seq: meta.seq,
+        dirty: meta.dirty,
+        range_start: 0,
+    }
+}
+
 /// One GET, on the shard that owns its key. With `bytes_max`, a read that would return more
 /// is refused from the object's size before anything is read.
 async fn get_object(
@@ -727,12 +737,7 @@ async fn respond(
             })
             .await
             .map_err(engine_failure)?;
-            let info = ObjectInfo {
-                object_bytes: meta.bytes,
-                seq: meta.seq,
-                dirty: meta.dirty,
-                range_start: 0,
-            };
+            let info = info_of(&meta);
             Ok((info.encode(), Vec::new()))
         }
         Opcode::Head => {
@@ -745,12 +750,7 @@ async fn respond(
             .map_err(engine_failure)?;
             match meta {
                 Some(meta) => {
-                    let info = ObjectInfo {
-                        object_bytes: meta.bytes,
-                        seq: meta.seq,
-                        dirty: meta.dirty,
-                        range_start: 0,
-                    };
+                    let info = info_of(&meta);
                     Ok((info.encode(), Vec::new()))
                 }
                 None => Err((
