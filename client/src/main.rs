@@ -13,8 +13,8 @@ use hydrant_client::{Client, ClientError};
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_NOT_FOUND: u8 = 3;
-/// Keys listed per `ls`.
-const LIST_LIMIT: u32 = 10_000;
+/// Keys asked for per page of `ls` by default, and at most (the server's page limit).
+const LIST_PAGE_DEFAULT: u32 = 10_000;
 
 #[derive(Parser)]
 #[command(
@@ -54,8 +54,13 @@ enum Command {
     },
     /// Size and version of BUCKET/KEY.
     Stat { object: String },
-    /// Keys of BUCKET[/PREFIX].
-    Ls { path: String },
+    /// Keys of BUCKET[/PREFIX], all of them, a page at a time.
+    Ls {
+        path: String,
+        /// Keys asked for per request.
+        #[arg(long, default_value_t = LIST_PAGE_DEFAULT)]
+        page_size: u32,
+    },
     /// Delete BUCKET/KEY.
     Rm { object: String },
     /// Every server's metrics, in the Prometheus text format.
@@ -149,10 +154,23 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
                 if info.dirty { "dirty" } else { "clean" }
             );
         }
-        Command::Ls { path } => {
+        Command::Ls { path, page_size } => {
+            let page_size = (*page_size).clamp(1, LIST_PAGE_DEFAULT);
             let (bucket, prefix) = path.split_once('/').unwrap_or((path.as_str(), ""));
-            for entry in connect()?.list(bucket, prefix, None, LIST_LIMIT)? {
-                println!("{}\t{}", entry.object_bytes, entry.key);
+            let mut client = connect()?;
+            let mut after: Option<String> = None;
+            // Page through the keys until a page comes back short.
+            loop {
+                let page = client.list(bucket, prefix, after.as_deref(), page_size)?;
+                for entry in &page {
+                    println!("{}\t{}", entry.object_bytes, entry.key);
+                }
+                match page.last() {
+                    Some(last) if page.len() == page_size as usize => {
+                        after = Some(last.key.clone())
+                    }
+                    _ => break,
+                }
             }
         }
         Command::Stats => {

@@ -202,6 +202,20 @@ fn three_servers_used_as_one_cluster() {
         }
     }
     assert_eq!(cluster.list("data", "k", None, 1000).unwrap().len(), 90);
+    // The CLI pages through listings longer than one page (7 keys a page here), across nodes.
+    let (code, stdout, stderr) = hydrant(
+        &addresses.join(","),
+        &["ls", "data/k", "--page-size", "7"],
+        b"",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Vec<String> = String::from_utf8_lossy(&stdout)
+        .lines()
+        .map(|line| line.split('\t').nth(1).unwrap().to_string())
+        .collect();
+    let mut expected: Vec<String> = (0..90u32).map(|index| format!("k{index}")).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
 }
 
 #[test]
