@@ -298,11 +298,12 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     println!();
     println!(
-        "engine: 1 shard on core {}, arena {} MiB locked={} registered={}, checksum errors {}; fio pinned to the same core",
+        "engine: 1 shard on core {}, arena {} MiB locked={} registered={}, ring DEFER_TASKRUN={}, checksum errors {}; fio pinned to the same core",
         args.cpu,
         stats[0].arena.bytes as u64 / MIB,
         stats[0].arena.locked,
         stats[0].arena.registered,
+        stats[0].ring_defer_taskrun,
         stats[0].counters.checksum_errors
     );
     engine.close();

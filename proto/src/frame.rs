@@ -139,7 +139,8 @@ impl FrameHeader {
 
     /// Decode and check a header against `limits`, before anything it announces is read or
     /// allocated. The lengths are checked before the reserved fields and the opcode, so that a
-    /// header refused for those still announces lengths within the limits. `bytes` may be longer than a header; only the first 48 bytes are used.
+    /// header refused for those still announces lengths within the limits. `bytes` may be longer
+    /// than a header; only the first 48 bytes are used.
     pub fn decode(bytes: &[u8], limits: &Limits) -> Result<FrameHeader, ProtoError> {
         if bytes.len() < FRAME_HEADER_BYTES {
             return Err(ProtoError::Truncated {
@@ -148,15 +149,11 @@ impl FrameHeader {
             });
         }
         let bytes = &bytes[..FRAME_HEADER_BYTES];
-        let magic: [u8; 4] = bytes[MAGIC_OFFSET..MAGIC_OFFSET + 4]
-            .try_into()
-            .expect("4 bytes");
+        let magic: [u8; 4] = field(bytes, MAGIC_OFFSET);
         if magic != PROTOCOL_MAGIC {
             return Err(ProtoError::BadMagic(magic));
         }
-        let stored_crc =
-            u32::from_le_bytes(bytes[HEADER_CRC_OFFSET..].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET]) != stored_crc {
+        if !header_checksum_ok(bytes) {
             return Err(ProtoError::HeaderChecksum);
         }
         if bytes[VERSION_OFFSET] != PROTOCOL_VERSION {
@@ -164,22 +161,14 @@ impl FrameHeader {
         }
         // Lengths first: every error after this point leaves a header whose announced lengths
         // are within the limits, so a receiver may skip them and go on.
-        let extension_len = u32::from_le_bytes(
-            bytes[EXTENSION_LEN_OFFSET..EXTENSION_LEN_OFFSET + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
+        let extension_len = u32::from_le_bytes(field(bytes, EXTENSION_LEN_OFFSET));
         if extension_len > limits.extension_bytes_max {
             return Err(ProtoError::ExtensionTooLong {
                 bytes: extension_len,
                 max: limits.extension_bytes_max,
             });
         }
-        let payload_len = u64::from_le_bytes(
-            bytes[PAYLOAD_LEN_OFFSET..PAYLOAD_LEN_OFFSET + 8]
-                .try_into()
-                .expect("8 bytes"),
-        );
+        let payload_len = u64::from_le_bytes(field(bytes, PAYLOAD_LEN_OFFSET));
         if payload_len > limits.payload_bytes_max {
             return Err(ProtoError::PayloadTooLong {
                 bytes: payload_len,
@@ -187,16 +176,8 @@ impl FrameHeader {
             });
         }
         let flags = bytes[FLAGS_OFFSET];
-        let reserved_a = u16::from_le_bytes(
-            bytes[RESERVED_A_OFFSET..RESERVED_A_OFFSET + 2]
-                .try_into()
-                .expect("2 bytes"),
-        );
-        let reserved_b = u32::from_le_bytes(
-            bytes[RESERVED_B_OFFSET..RESERVED_B_OFFSET + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
+        let reserved_a = u16::from_le_bytes(field(bytes, RESERVED_A_OFFSET));
+        let reserved_b = u32::from_le_bytes(field(bytes, RESERVED_B_OFFSET));
         if flags & !FrameFlags::KNOWN != 0 || reserved_a != 0 || reserved_b != 0 {
             return Err(ProtoError::ReservedNotZero);
         }
@@ -205,28 +186,12 @@ impl FrameHeader {
             flags: FrameFlags(flags),
             opcode,
             status: bytes[STATUS_OFFSET],
-            request_id: u64::from_le_bytes(
-                bytes[REQUEST_ID_OFFSET..REQUEST_ID_OFFSET + 8]
-                    .try_into()
-                    .expect("8 bytes"),
-            ),
+            request_id: u64::from_le_bytes(field(bytes, REQUEST_ID_OFFSET)),
             extension_len,
-            shard: u16::from_le_bytes(
-                bytes[SHARD_OFFSET..SHARD_OFFSET + 2]
-                    .try_into()
-                    .expect("2 bytes"),
-            ),
+            shard: u16::from_le_bytes(field(bytes, SHARD_OFFSET)),
             payload_len,
-            extension_crc: u32::from_le_bytes(
-                bytes[EXTENSION_CRC_OFFSET..EXTENSION_CRC_OFFSET + 4]
-                    .try_into()
-                    .expect("4 bytes"),
-            ),
-            payload_crc: u32::from_le_bytes(
-                bytes[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4]
-                    .try_into()
-                    .expect("4 bytes"),
-            ),
+            extension_crc: u32::from_le_bytes(field(bytes, EXTENSION_CRC_OFFSET)),
+            payload_crc: u32::from_le_bytes(field(bytes, PAYLOAD_CRC_OFFSET)),
         })
     }
 
@@ -234,33 +199,17 @@ impl FrameHeader {
     /// its contents (an unknown opcode, say): enough to answer it and skip what follows. `None`
     /// when the header itself cannot be trusted.
     pub fn salvage(bytes: &[u8]) -> Option<(u64, u32, u64)> {
-        if bytes.len() < FRAME_HEADER_BYTES || bytes[..4] != PROTOCOL_MAGIC {
+        if bytes.len() < FRAME_HEADER_BYTES
+            || bytes[..4] != PROTOCOL_MAGIC
+            || !header_checksum_ok(bytes)
+        {
             return None;
         }
-        let stored_crc = u32::from_le_bytes(
-            bytes[HEADER_CRC_OFFSET..FRAME_HEADER_BYTES]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        if crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET]) != stored_crc {
-            return None;
-        }
-        let request_id = u64::from_le_bytes(
-            bytes[REQUEST_ID_OFFSET..REQUEST_ID_OFFSET + 8]
-                .try_into()
-                .expect("8 bytes"),
-        );
-        let extension_len = u32::from_le_bytes(
-            bytes[EXTENSION_LEN_OFFSET..EXTENSION_LEN_OFFSET + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        let payload_len = u64::from_le_bytes(
-            bytes[PAYLOAD_LEN_OFFSET..PAYLOAD_LEN_OFFSET + 8]
-                .try_into()
-                .expect("8 bytes"),
-        );
-        Some((request_id, extension_len, payload_len))
+        Some((
+            u64::from_le_bytes(field(bytes, REQUEST_ID_OFFSET)),
+            u32::from_le_bytes(field(bytes, EXTENSION_LEN_OFFSET)),
+            u64::from_le_bytes(field(bytes, PAYLOAD_LEN_OFFSET)),
+        ))
     }
 
     /// A response header answering `request` with `status`.
@@ -319,6 +268,19 @@ impl FrameHeader {
         }
         Ok(())
     }
+}
+
+/// The `N` bytes of a header field at `offset`.
+fn field<const N: usize>(bytes: &[u8], offset: usize) -> [u8; N] {
+    bytes[offset..offset + N]
+        .try_into()
+        .expect("the field lies inside the header")
+}
+
+/// The header's own checksum (its last four bytes) matches the bytes before it.
+fn header_checksum_ok(bytes: &[u8]) -> bool {
+    crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET])
+        == u32::from_le_bytes(field(bytes, HEADER_CRC_OFFSET))
 }
 
 /// The CRC32C a header carries for `payload` (0 for an empty one).

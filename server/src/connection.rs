@@ -417,13 +417,16 @@ async fn refuse_header(
     bytes: &[u8],
     error: ProtoError,
 ) -> Result<(), String> {
-    let status = Status::for_error(&error) as u8;
     let salvaged = FrameHeader::salvage(bytes);
     if let Some((request_id, _, _)) = salvaged {
         // The opcode may be the unknown part: answer as PING, the one opcode every version has.
-        let mut header = FrameHeader::new(Opcode::Ping, request_id, &[], 0, 0);
-        header = FrameHeader::response(&header, status, &[], error.to_string().as_bytes());
-        connection.queue(frame_bytes(&header, &[], error.to_string().as_bytes()));
+        let request = FrameHeader::new(Opcode::Ping, request_id, &[], 0, 0);
+        connection.answer(
+            &request,
+            Status::for_error(&error),
+            &[],
+            error.to_string().as_bytes(),
+        );
     }
     match salvaged {
         Some((_, extension_len, payload_len)) if !error.is_fatal_to_connection() => {

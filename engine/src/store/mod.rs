@@ -152,6 +152,8 @@ pub struct ShardStats {
     pub flushes: u64,
     pub counters: Counters,
     pub arena: ArenaInfo,
+    /// Whether the shard's ring runs with DEFER_TASKRUN (false: the plain-ring fallback).
+    pub ring_defer_taskrun: bool,
     /// Why the store stopped accepting writes, if it did.
     pub failure: Option<String>,
 }
@@ -301,12 +303,9 @@ impl Store {
         self.failure
             .borrow_mut()
             .get_or_insert_with(|| error.to_string());
-        self.commit_wake();
-        error
-    }
-
-    fn commit_wake(&self) {
+        // Tasks waiting for a region to drain re-check `writable` and give up.
         self.region_idle.wake_all();
+        error
     }
 
     fn take_seq(&self) -> u64 {
@@ -854,6 +853,7 @@ impl Store {
             flushes: self.commit.flushes(),
             counters: *self.counters.borrow(),
             arena: self.arena.info(),
+            ring_defer_taskrun: crate::rt::current_reactor().info().defer_taskrun,
             failure: self.failure.borrow().clone(),
         }
     }
