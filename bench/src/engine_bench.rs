@@ -214,13 +214,13 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     let large_count = (usable * 4 / 10 / (MIB + 4096)) as usize;
     let started = Instant::now();
     block_on(engine.on_shard(0, move |store| {
-        fill_shard(store, small_count, small_key, |index| {
+        fill_shard(store.store().clone(), small_count, small_key, |index| {
             object_bytes(index, SMALL_OBJECT_BYTES)
         })
     }))
     .map_err(engine_error)?;
     block_on(engine.on_shard(0, move |store| {
-        fill_shard(store, large_count, large_key, |index| {
+        fill_shard(store.store().clone(), large_count, large_key, |index| {
             object_bytes(index, LARGE_OBJECT_BYTES)
         })
     }))
@@ -251,7 +251,7 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
         )?;
         let depth = args.random_depth;
         let engine_r = block_on(engine.on_shard(0, move |store| {
-            random_reads(store, small_count, depth, duration)
+            random_reads(store.store().clone(), small_count, depth, duration)
         }))
         .map_err(engine_error)?;
         let fio_s = fio::run(
@@ -265,7 +265,7 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
         )?;
         let depth = args.sequential_depth;
         let engine_s = block_on(engine.on_shard(0, move |store| {
-            sequential_reads(store, large_count, depth, duration)
+            sequential_reads(store.store().clone(), large_count, depth, duration)
         }))
         .map_err(engine_error)?;
         // Each round measures fio and the engine back to back, so the ratio within a round is
@@ -346,7 +346,9 @@ pub fn index_memory(args: IndexMemoryArgs) -> Result<(), String> {
     block_on(engine.delete("warm", "up")).map_err(engine_error)?;
     let before = crate::alloc_counter::live_bytes();
     block_on(engine.on_shard(0, move |store| {
-        fill_shard(store, objects, dataset_object_key, |_| vec![7u8; 4096])
+        fill_shard(store.store().clone(), objects, dataset_object_key, |_| {
+            vec![7u8; 4096]
+        })
     }))
     .map_err(engine_error)?;
     let after = crate::alloc_counter::live_bytes();

@@ -4,15 +4,17 @@
 use std::future::Future;
 use std::rc::Rc;
 
+use crate::cache::{Cache, CacheRead};
 use crate::device::{Device, DeviceConfig};
 use crate::format::{
     Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
     PLACEMENT_CRC32C, REGIONS_OFFSET_BYTES, REGION_BYTES_MAX, SUPERBLOCK_OFFSETS,
 };
+use crate::origin::{OriginConfig, OriginStats, Origins};
 use crate::rt::channel;
 use crate::rt::ReactorConfig;
 use crate::shard::{self, Message, ShardHandle, ShardPlan};
-use crate::store::{ByteRange, Geometry, ObjectKey, ObjectMeta, ShardStats, Store};
+use crate::store::{ByteRange, Geometry, ObjectKey, ObjectMeta, ShardStats};
 use crate::{Error, ErrorKind, Result};
 
 pub const REGION_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -22,6 +24,13 @@ pub const CRC_BLOCK_BYTES_DEFAULT: u32 = 64 * 1024;
 const REGIONS_PER_SHARD_MIN: u64 = 3;
 /// Most objects one `list` call returns.
 pub const LIST_LIMIT_MAX: usize = 10_000;
+/// Most objects one prefetch of a prefix reads.
+const PREFETCH_KEYS_MAX: usize = 1_000_000;
+/// How often FLUSH counts the objects still dirty when no upload finishes.
+const FLUSH_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// An object's metadata and the bytes a get asked for.
+pub type ObjectData = (ObjectMeta, Vec<u8>);
 
 /// What to do with devices that do not already hold this store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +76,8 @@ pub struct EngineConfig {
     /// The cores to pin shards to, shard i on `cpus[i % len]`. Default: shard i on core i. Use it
     /// to keep shards near their NVMe's interrupts or NUMA node.
     pub cpus: Option<Vec<usize>>,
+    /// The origins behind the cache buckets. Default: none (every bucket lives on NVMe only).
+    pub origins: Option<OriginConfig>,
 }
 
 impl EngineConfig {
@@ -86,6 +97,7 @@ impl EngineConfig {
             object_bytes_max: 1 << 30,
             pin_threads: true,
             cpus: None,
+            origins: None,
         }
     }
 
@@ -416,6 +428,7 @@ pub struct Engine {
 pub struct EngineHandle {
     inboxes: Vec<channel::Sender<Message>>,
     object_bytes_max: u64,
+    origins: Option<std::sync::Arc<Origins>>,
 }
 
 impl std::ops::Deref for Engine {
@@ -494,10 +507,17 @@ impl Engine {
             crc_block_bytes: first.crc_block_bytes,
             set_uuid: first.set_uuid,
         };
+        let origins = config
+            .origins
+            .clone()
+            .map(Origins::start)
+            .transpose()?
+            .map(std::sync::Arc::new);
         let mut engine = Engine {
             handle: EngineHandle {
                 inboxes: Vec::new(),
                 object_bytes_max: config.object_bytes_max,
+                origins: origins.clone(),
             },
             threads: Vec::new(),
             devices,
@@ -523,6 +543,7 @@ impl Engine {
                     completion_batch_wait_us: config.completion_batch_wait_us,
                 },
                 requests_in_flight_max: config.requests_in_flight_max,
+                origins: origins.clone(),
             };
             let started: ShardHandle = shard::start(plan, config.inbox_requests_max, ready)?;
             engine.handle.inboxes.push(started.inbox);
@@ -600,12 +621,12 @@ impl EngineHandle {
         task: F,
     ) -> impl Future<Output = Result<()>> + Send + 'static
     where
-        F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+        F: FnOnce(Rc<Cache>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + 'static,
     {
-        let message = Message::Call(Box::new(move |store, permit| {
+        let message = Message::Call(Box::new(move |cache, permit| {
             drop(permit);
-            crate::rt::spawn(task(store));
+            crate::rt::spawn(task(cache));
         }));
         let inbox = self.inboxes[shard].clone();
         async move { inbox.send(message).await.map_err(|_| shard::shard_gone()) }
@@ -619,13 +640,13 @@ impl EngineHandle {
     ) -> impl Future<Output = Result<T>> + Send + 'static
     where
         T: Send + 'static,
-        F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+        F: FnOnce(Rc<Cache>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + 'static,
     {
         let (reply, answer) = channel::oneshot();
-        let message = Message::Call(Box::new(move |store, permit| {
+        let message = Message::Call(Box::new(move |cache, permit| {
             crate::rt::spawn(async move {
-                let result = call(store).await;
+                let result = call(cache).await;
                 drop(permit);
                 reply.send(result);
             });
@@ -639,17 +660,26 @@ impl EngineHandle {
         }
     }
 
-    /// Store `data` as `bucket/key`; returns once it is durable.
+    /// Store `data` as `bucket/key` by the bucket's write mode; returns once it is durable
+    /// (on NVMe, or at the origin for write-through buckets).
     pub fn put(
         &self,
         bucket: &str,
         key: &str,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
-        self.put_with(bucket, key, data, false)
+        let call = self.checked_put(bucket, key, &data).map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(
+                shard,
+                move |cache| async move { cache.put(key, data).await },
+            )
+        });
+        async move { call?.await }
     }
 
-    /// Like `put`; `dirty` pins the object until it is written back to the origin.
+    /// Store `data` on NVMe only, `dirty` or not, whatever the bucket's origin (for tests and
+    /// tools that exercise the store itself).
     pub fn put_with(
         &self,
         bucket: &str,
@@ -657,43 +687,66 @@ impl EngineHandle {
         data: Vec<u8>,
         dirty: bool,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
-        let checked = ObjectKey::new(bucket, key).and_then(|key| {
-            if data.len() as u64 > self.object_bytes_max {
-                return Err(Error::new(
-                    ErrorKind::TooLarge,
-                    format!(
-                        "an object is at most {} bytes; this one is {}",
-                        self.object_bytes_max,
-                        data.len()
-                    ),
-                ));
-            }
-            Ok(key)
-        });
-        let call = checked.map(|key| {
+        let call = self.checked_put(bucket, key, &data).map(|key| {
             let shard = self.shard_of(&key);
-            self.on_shard(shard, move |store| async move {
-                store.put(key, &data, dirty).await
+            self.on_shard(shard, move |cache| async move {
+                cache.store().put(key, &data, dirty).await
             })
         });
         async move { call?.await }
     }
 
-    /// The object's bytes (whole, or `range`), or `None` when it is not stored.
+    fn checked_put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectKey> {
+        let key = ObjectKey::new(bucket, key)?;
+        if data.len() as u64 > self.object_bytes_max {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object is at most {} bytes; this one is {}",
+                    self.object_bytes_max,
+                    data.len()
+                ),
+            ));
+        }
+        Ok(key)
+    }
+
+    /// The object's bytes (whole, or `range`), from NVMe or read through from the origin, or
+    /// `None` when neither has it.
     pub fn get(
         &self,
         bucket: &str,
         key: &str,
         range: Option<ByteRange>,
-    ) -> impl Future<Output = Result<Option<(ObjectMeta, Vec<u8>)>>> + Send + 'static {
-        let call = ObjectKey::new(bucket, key).map(|key| {
-            let shard = self.shard_of(&key);
-            self.on_shard(shard, move |store| async move {
-                let read = store.get(&key, range).await?;
-                Ok(read.map(|read| (read.meta(&key), read.to_vec())))
-            })
-        });
-        async move { call?.await }
+    ) -> impl Future<Output = Result<Option<ObjectData>>> + Send + 'static {
+        let call = self.get_read(bucket, key, range);
+        async move {
+            let bucket_key = call?.await?;
+            Ok(bucket_key)
+        }
+    }
+
+    fn get_read(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> Result<impl Future<Output = Result<Option<ObjectData>>> + Send + 'static> {
+        let key = ObjectKey::new(bucket, key)?;
+        let shard = self.shard_of(&key);
+        Ok(self.on_shard(shard, move |cache| async move {
+            let read: Option<CacheRead> = cache.get(&key, range).await?;
+            Ok(read.map(|read| {
+                let meta = ObjectMeta {
+                    bucket: key.bucket().to_string(),
+                    key: key.key().to_string(),
+                    bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                };
+                (meta, read.data)
+            }))
+        }))
     }
 
     pub fn head(
@@ -703,12 +756,12 @@ impl EngineHandle {
     ) -> impl Future<Output = Result<Option<ObjectMeta>>> + Send + 'static {
         let call = ObjectKey::new(bucket, key).map(|key| {
             let shard = self.shard_of(&key);
-            self.on_shard(shard, move |store| async move { Ok(store.head(&key)) })
+            self.on_shard(shard, move |cache| async move { cache.head(&key).await })
         });
         async move { call?.await }
     }
 
-    /// Delete `bucket/key`; returns whether it was stored.
+    /// Delete `bucket/key` (and at its origin); returns whether it existed.
     pub fn delete(
         &self,
         bucket: &str,
@@ -716,13 +769,14 @@ impl EngineHandle {
     ) -> impl Future<Output = Result<bool>> + Send + 'static {
         let call = ObjectKey::new(bucket, key).map(|key| {
             let shard = self.shard_of(&key);
-            self.on_shard(shard, move |store| async move { store.delete(key).await })
+            self.on_shard(shard, move |cache| async move { cache.delete(key).await })
         });
         async move { call?.await }
     }
 
     /// Up to `limit` (at most LIST_LIMIT_MAX) objects of `bucket` whose keys start with
-    /// `prefix`, in key order, after `start_after` (for paging).
+    /// `prefix`, in key order, after `start_after` (for paging). For a bucket with an origin:
+    /// the origin's listing plus the objects written here and not uploaded yet.
     pub fn list(
         &self,
         bucket: &str,
@@ -731,27 +785,66 @@ impl EngineHandle {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<ObjectMeta>>> + Send + 'static {
         let limit = limit.min(LIST_LIMIT_MAX);
+        let route = match &self.origins {
+            Some(origins) => origins
+                .route(bucket)
+                .map(|route| route.map(|r| (origins.clone(), r))),
+            None => Ok(None),
+        };
         let keys = ObjectKey::prefix(bucket, prefix).and_then(|prefix_key| {
             let after = start_after
                 .map(|after| ObjectKey::new(bucket, after))
                 .transpose()?;
             Ok((prefix_key, after))
         });
+        let with_origin = matches!(route, Ok(Some(_)));
         let calls = keys.map(|(prefix_key, after)| {
             (0..self.inboxes.len())
                 .map(|shard| {
                     let prefix_key = prefix_key.clone();
                     let after = after.clone();
-                    self.on_shard(shard, move |store| async move {
-                        Ok(store.list(&prefix_key, after.as_ref(), limit))
+                    self.on_shard(shard, move |cache| async move {
+                        Ok(if with_origin {
+                            cache.dirty_listing(&prefix_key, after.as_ref(), limit)
+                        } else {
+                            cache.store().list(&prefix_key, after.as_ref(), limit)
+                        })
                     })
                 })
                 .collect::<Vec<_>>()
         });
+        let origin_list = route.map(|route| {
+            route.map(|(origins, route)| {
+                let task = crate::origin::remote::list(
+                    origins.clone(),
+                    route,
+                    prefix.to_string(),
+                    start_after.map(str::to_string),
+                    limit,
+                );
+                origins.run(task)
+            })
+        });
+        let bucket = bucket.to_string();
         async move {
-            let mut merged = Vec::new();
+            let mut merged: Vec<ObjectMeta> = Vec::new();
             for call in calls? {
                 merged.extend(call.await?);
+            }
+            if let Some(listing) = origin_list? {
+                let local: std::collections::HashSet<String> =
+                    merged.iter().map(|meta| meta.key.clone()).collect();
+                for (key, bytes) in listing.await? {
+                    if !local.contains(&key) {
+                        merged.push(ObjectMeta {
+                            bucket: bucket.clone(),
+                            key,
+                            bytes,
+                            seq: 0,
+                            dirty: false,
+                        });
+                    }
+                }
             }
             merged.sort_by(|left, right| left.key.cmp(&right.key));
             merged.truncate(limit);
@@ -759,10 +852,119 @@ impl EngineHandle {
         }
     }
 
+    /// Wait until every object of `bucket` under `prefix` written here is at its origin (all
+    /// buckets with `None`), at most `timeout`.
+    pub fn flush(
+        &self,
+        bucket: Option<&str>,
+        prefix: &str,
+        timeout: std::time::Duration,
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
+        let prefixes = match bucket {
+            Some(bucket) => ObjectKey::prefix(bucket, prefix).map(|key| vec![key]),
+            None => Ok(Vec::new()),
+        };
+        let handle = self.clone();
+        async move {
+            let prefixes = prefixes?;
+            let deadline = std::time::Instant::now() + timeout;
+            loop {
+                let mut pending = 0;
+                for shard in 0..handle.inboxes.len() {
+                    let prefixes = prefixes.clone();
+                    pending += handle
+                        .on_shard(shard, move |cache| async move {
+                            if prefixes.is_empty() {
+                                return Ok(cache.store().dirty_objects().len());
+                            }
+                            Ok(prefixes
+                                .iter()
+                                .map(|prefix| cache.pending_under(prefix))
+                                .sum())
+                        })
+                        .await?;
+                }
+                if pending == 0 {
+                    return Ok(());
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("{pending} objects are still on their way to the origin"),
+                    ));
+                }
+                // Wait on shard 0's uploads or a short while, then count again.
+                handle
+                    .on_shard(0, |cache| async move {
+                        cache.wait_for_upload(FLUSH_POLL_INTERVAL).await;
+                        Ok(())
+                    })
+                    .await?;
+            }
+        }
+    }
+
+    /// Read every object of `bucket` under `prefix` (or the listed `keys`) through from the
+    /// origin into the cache, `parallel` at a time; returns (objects, bytes) warmed.
+    pub fn prefetch(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        keys: Vec<String>,
+        parallel: usize,
+    ) -> impl Future<Output = Result<(u64, u64)>> + Send + 'static {
+        let handle = self.clone();
+        let bucket = bucket.to_string();
+        let prefix = prefix.to_string();
+        async move {
+            let mut keys = keys;
+            if keys.is_empty() {
+                let mut after: Option<String> = None;
+                loop {
+                    let page = handle
+                        .list(&bucket, &prefix, after.as_deref(), LIST_LIMIT_MAX)
+                        .await?;
+                    let done = page.len() < LIST_LIMIT_MAX;
+                    after = page.last().map(|meta| meta.key.clone());
+                    keys.extend(page.into_iter().map(|meta| meta.key));
+                    if done {
+                        break;
+                    }
+                    if keys.len() > PREFETCH_KEYS_MAX {
+                        return Err(Error::new(
+                            ErrorKind::TooLarge,
+                            format!("prefetch is limited to {PREFETCH_KEYS_MAX} objects; use narrower prefixes"),
+                        ));
+                    }
+                }
+            }
+            let mut objects = 0;
+            let mut bytes = 0;
+            for batch in keys.chunks(parallel.max(1)) {
+                let reads: Vec<_> = batch
+                    .iter()
+                    .map(|key| handle.get(&bucket, key, None))
+                    .collect();
+                for read in reads {
+                    if let Some((meta, _)) = read.await? {
+                        objects += 1;
+                        bytes += meta.bytes;
+                    }
+                }
+            }
+            Ok((objects, bytes))
+        }
+    }
+
+    /// Origin traffic and the dirty budget, when the engine has origins.
+    pub fn origin_stats(&self) -> Option<OriginStats> {
+        self.origins.as_ref().map(|origins| origins.stats())
+    }
+
     /// Every shard's state and counters.
     pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
         let calls: Vec<_> = (0..self.inboxes.len())
-            .map(|shard| self.on_shard(shard, |store| async move { Ok(store.stats()) }))
+            .map(|shard| self.on_shard(shard, |cache| async move { Ok(cache.store().stats()) }))
             .collect();
         async move {
             let mut stats = Vec::with_capacity(calls.len());

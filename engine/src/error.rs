@@ -32,6 +32,14 @@ pub enum ErrorKind {
     ShuttingDown,
     /// An operating-system I/O error.
     Io,
+    /// The origin could not be reached or answered with an error; retriable.
+    OriginUnavailable,
+    /// The bucket's origin is read-only.
+    ReadOnly,
+    /// The dirty-byte budget stayed full for longer than a writer may wait; retriable.
+    Busy,
+    /// A wait (FLUSH) ran past its deadline.
+    Timeout,
 }
 
 #[derive(Debug)]

@@ -6,9 +6,11 @@
 //! the key and returns the answer to any thread.
 
 pub mod buf;
+mod cache;
 pub mod device;
 mod error;
 pub mod format;
+pub mod origin;
 pub mod rt;
 
 pub use error::{Error, ErrorKind, Result};
@@ -16,8 +18,10 @@ mod engine;
 mod shard;
 pub mod store;
 
+pub use cache::{Cache, CacheRead};
 pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
     LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
 };
+pub use origin::{BucketOrigin, OriginConfig, OriginStats, Revalidate, WriteMode};
 pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};

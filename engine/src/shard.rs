@@ -5,6 +5,8 @@ use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use crate::buf::Arena;
+use crate::cache::Cache;
+use crate::origin::Origins;
 use crate::rt::channel::{self, OneshotSender};
 use crate::rt::op::FileRef;
 use crate::rt::sync::Semaphore;
@@ -13,7 +15,7 @@ use crate::store::{Geometry, RegionPlace, Store, StoreParts};
 use crate::{Error, ErrorKind, Result};
 
 /// A call to run on a shard: it receives the shard's store and spawns its own task.
-pub(crate) type Call = Box<dyn FnOnce(Rc<Store>, crate::rt::sync::OwnedPermit) + Send>;
+pub(crate) type Call = Box<dyn FnOnce(Rc<Cache>, crate::rt::sync::OwnedPermit) + Send>;
 
 pub(crate) enum Message {
     Call(Call),
@@ -32,6 +34,7 @@ pub(crate) struct ShardPlan {
     pub arena_bytes: usize,
     pub reactor: ReactorConfig,
     pub requests_in_flight_max: usize,
+    pub origins: Option<std::sync::Arc<Origins>>,
 }
 
 /// The other threads' handle on a running shard.
@@ -60,7 +63,7 @@ pub(crate) fn start(
 
 async fn run(plan: ShardPlan, inbox: channel::Receiver<Message>, ready: OneshotSender<Result<()>>) {
     let store = match open_store(&plan).await {
-        Ok(store) => Rc::new(store),
+        Ok(store) => Cache::new(Rc::new(store), plan.origins.clone()),
         Err(error) => {
             ready.send(Err(error));
             return;
@@ -109,7 +112,7 @@ async fn open_store(plan: &ShardPlan) -> Result<Store> {
 
 /// Take requests until told to stop, at most `requests_in_flight_max` at once; then wait for
 /// those in flight.
-async fn serve(store: Rc<Store>, inbox: channel::Receiver<Message>, requests_in_flight_max: usize) {
+async fn serve(store: Rc<Cache>, inbox: channel::Receiver<Message>, requests_in_flight_max: usize) {
     let in_flight = Rc::new(Semaphore::new(requests_in_flight_max));
     loop {
         let permit = in_flight.acquire_owned().await;
@@ -123,7 +126,7 @@ async fn serve(store: Rc<Store>, inbox: channel::Receiver<Message>, requests_in_
     for _ in 0..requests_in_flight_max {
         std::mem::forget(in_flight.acquire().await);
     }
-    if let Err(error) = store.close().await {
+    if let Err(error) = store.store().close().await {
         log::warn!(
             "shard {}: could not seal the log on close ({error}); the next open verifies it",
             store.shard()

@@ -13,7 +13,8 @@ use std::time::Duration;
 use hydrant_engine::buf::IoBuf;
 use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
 use hydrant_engine::rt::{net, spawn, time::sleep};
-use hydrant_engine::store::{ObjectKey, Store};
+use hydrant_engine::store::ObjectKey;
+use hydrant_engine::Cache;
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
 
 use crate::metrics;
@@ -70,7 +71,7 @@ fn random_nonce() -> [u8; 16] {
 
 /// Accept connections on `listener` for as long as the shard runs.
 pub(crate) async fn accept_loop(
-    store: Rc<Store>,
+    store: Rc<Cache>,
     engine: EngineHandle,
     listener: RawFd,
     policy: Policy,
@@ -102,7 +103,7 @@ pub(crate) async fn accept_loop(
 }
 
 struct Connection {
-    store: Rc<Store>,
+    store: Rc<Cache>,
     engine: EngineHandle,
     policy: Rc<Policy>,
     server_nonce: [u8; 16],
@@ -208,7 +209,7 @@ impl Input {
     }
 }
 
-async fn serve(store: Rc<Store>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
+async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
     let fd = socket.as_raw_fd();
     let limits = policy.limits;
     let connection = Rc::new(Connection {
@@ -537,6 +538,10 @@ fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
         ErrorKind::NoSpace => Status::NoSpace,
         ErrorKind::StoreFailed => Status::StoreFailed,
         ErrorKind::ShuttingDown => Status::ShuttingDown,
+        ErrorKind::OriginUnavailable => Status::OriginUnavailable,
+        ErrorKind::ReadOnly => Status::ReadOnly,
+        ErrorKind::Busy => Status::Busy,
+        ErrorKind::Timeout => Status::Timeout,
         _ => Status::Internal,
     };
     (status, error.to_string())
@@ -554,7 +559,7 @@ async fn on_owner<T, F, Fut>(
 ) -> hydrant_engine::Result<T>
 where
     T: Send + 'static,
-    F: FnOnce(Rc<Store>) -> Fut + Send + 'static,
+    F: FnOnce(Rc<Cache>) -> Fut + Send + 'static,
     Fut: Future<Output = hydrant_engine::Result<T>> + 'static,
 {
     let shard = connection.engine.shard_of(key);
@@ -587,8 +592,8 @@ async fn get_object(
         start: request.range_start,
         end: request.range_end,
     };
-    let found = on_owner(connection, &key.clone(), move |store| async move {
-        if let (Some(bytes_max), Some(meta)) = (bytes_max, store.head(&key)) {
+    let found = on_owner(connection, &key.clone(), move |cache| async move {
+        if let (Some(bytes_max), Some(meta)) = (bytes_max, cache.store().head(&key)) {
             let end = range.end.unwrap_or(meta.bytes).min(meta.bytes);
             let wanted = end.saturating_sub(range.start);
             if wanted > bytes_max {
@@ -598,7 +603,7 @@ async fn get_object(
                 ));
             }
         }
-        let Some(read) = store.get(&key, Some(range)).await? else {
+        let Some(read) = cache.get(&key, Some(range)).await? else {
             return Ok(None);
         };
         let info = ObjectInfo {
@@ -607,7 +612,7 @@ async fn get_object(
             dirty: read.dirty,
             range_start: read.start,
         };
-        Ok(Some((info, read.to_vec())))
+        Ok(Some((info, read.data)))
     })
     .await
     .map_err(engine_failure)?;
@@ -735,8 +740,8 @@ async fn respond(
                 ));
             }
             let key = object_key(&request.name)?;
-            let meta = on_owner(connection, &key.clone(), move |store| async move {
-                store.put(key, &payload, false).await
+            let meta = on_owner(connection, &key.clone(), move |cache| async move {
+                cache.put(key, payload).await
             })
             .await
             .map_err(engine_failure)?;
@@ -746,8 +751,8 @@ async fn respond(
         Opcode::Head => {
             let name = ObjectName::decode(extension).map_err(bad_request)?;
             let key = object_key(&name)?;
-            let meta = on_owner(connection, &key.clone(), move |store| async move {
-                Ok(store.head(&key))
+            let meta = on_owner(connection, &key.clone(), move |cache| async move {
+                cache.head(&key).await
             })
             .await
             .map_err(engine_failure)?;
@@ -765,8 +770,8 @@ async fn respond(
         Opcode::Delete => {
             let name = ObjectName::decode(extension).map_err(bad_request)?;
             let key = object_key(&name)?;
-            let existed = on_owner(connection, &key.clone(), move |store| async move {
-                store.delete(key).await
+            let existed = on_owner(connection, &key.clone(), move |cache| async move {
+                cache.delete(key).await
             })
             .await
             .map_err(engine_failure)?;

@@ -264,10 +264,9 @@ pub fn gather(
 ) -> impl std::future::Future<Output = hydrant_engine::Result<String>> + Send + 'static {
     let calls: Vec<_> = (0..engine.shard_count())
         .map(|shard| {
-            engine.on_shard(
-                shard,
-                |store| async move { Ok((store.stats(), snapshot())) },
-            )
+            engine.on_shard(shard, |cache| async move {
+                Ok((cache.store().stats(), snapshot()))
+            })
         })
         .collect();
     async move {

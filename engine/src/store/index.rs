@@ -59,11 +59,38 @@ impl ObjectKey {
         ObjectKey(bytes.into_boxed_slice())
     }
 
-    /// From the bytes of an entry header (already bounded by the format).
+    /// From the bytes of an entry header (already bounded by the format): a client's key, or
+    /// one of the engine's own chunk keys (see `origin_chunk`).
     pub(crate) fn from_parts(bucket: &[u8], key: &[u8]) -> Option<ObjectKey> {
         let bucket = std::str::from_utf8(bucket).ok()?;
         let key = std::str::from_utf8(key).ok()?;
-        ObjectKey::new(bucket, key).ok()
+        match key.split_once('\0') {
+            None => ObjectKey::new(bucket, key).ok(),
+            Some((parent, _)) => {
+                ObjectKey::new(bucket, parent).ok()?;
+                Some(Self::join(bucket, key))
+            }
+        }
+    }
+
+    /// The key under which chunk `chunk` of version `version_tag` of a large origin object is
+    /// cached: `key NUL version NUL chunk`. Clients cannot name it (their keys have no NUL), and
+    /// a new version at the origin gets new chunk keys, so stale chunks are never read. `None`
+    /// when the key is too long to carry the suffix.
+    pub fn origin_chunk(&self, version_tag: u64, chunk: u64) -> Option<ObjectKey> {
+        let suffix = format!("\0{version_tag:016x}\0{chunk}");
+        if self.key_bytes().len() + suffix.len() > KEY_BYTES_MAX {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(self.0.len() + suffix.len());
+        bytes.extend_from_slice(&self.0);
+        bytes.extend_from_slice(suffix.as_bytes());
+        Some(ObjectKey(bytes.into_boxed_slice()))
+    }
+
+    /// Whether this is one of the engine's chunk keys rather than a client's object.
+    pub fn is_origin_chunk(&self) -> bool {
+        self.key_bytes().contains(&0)
     }
 
     fn split(&self) -> (&[u8], &[u8]) {
@@ -266,6 +293,15 @@ impl Index {
         self.bytes
     }
 
+    /// (key, seq, bytes) of every dirty object: what recovery hands to write-back.
+    pub fn dirty_objects(&self) -> Vec<(ObjectKey, u64, u64)> {
+        self.objects
+            .iter()
+            .filter(|(_, record)| record.dirty())
+            .map(|(key, record)| (key.clone(), record.seq, record.bytes))
+            .collect()
+    }
+
     /// (key, seq, dirty) of every object with a chunk in `region`. A full walk of the index:
     /// only for the rare reclaim of a region with damaged headers.
     pub fn in_region(&self, region: u32) -> Vec<(ObjectKey, u64, bool)> {
@@ -296,7 +332,8 @@ impl Index {
         let mut smallest: BinaryHeap<&ObjectKey> = BinaryHeap::with_capacity(limit + 1);
         for key in self.objects.keys() {
             let wanted = key.as_bytes().starts_with(prefix.as_bytes())
-                && start_after.is_none_or(|after| key > after);
+                && start_after.is_none_or(|after| key > after)
+                && !key.is_origin_chunk();
             if !wanted {
                 continue;
             }

@@ -325,12 +325,36 @@ impl Store {
 
     // ----- reads -----
 
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
     /// The object's metadata, without reading its data.
     pub fn head(&self, key: &ObjectKey) -> Option<ObjectMeta> {
         self.index
             .borrow()
             .get(key)
             .map(|record| ObjectMeta::of(key, record))
+    }
+
+    /// Mark version `seq` of `key` clean (written back to the origin), unpinning it. Only in
+    /// memory: after a crash its entry is dirty again and is uploaded once more, which the
+    /// origin takes as an overwrite with the same bytes. Returns whether that version is the
+    /// indexed one.
+    pub fn mark_clean(&self, key: &ObjectKey, seq: u64) -> bool {
+        let mut index = self.index.borrow_mut();
+        match index.get_mut(key) {
+            Some(record) if record.seq == seq => {
+                record.flags &= !RECORD_FLAG_DIRTY;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// (key, seq, bytes) of every dirty object, for write-back after an open.
+    pub fn dirty_objects(&self) -> Vec<(ObjectKey, u64, u64)> {
+        self.index.borrow().dirty_objects()
     }
 
     /// Up to `limit` objects of a bucket whose keys start with a prefix, in key order, after
@@ -884,7 +908,7 @@ impl Drop for RegionReader<'_> {
 
 /// Resolve a requested range against an object of `bytes`: the end is clamped to the object,
 /// a start past the end is an error.
-fn resolve_range(range: Option<ByteRange>, bytes: u64) -> Result<(u64, u64)> {
+pub(crate) fn resolve_range(range: Option<ByteRange>, bytes: u64) -> Result<(u64, u64)> {
     let Some(range) = range else {
         return Ok((0, bytes));
     };

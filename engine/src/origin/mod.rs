@@ -1,0 +1,556 @@
+//! Origins: the object stores (S3, GCS, Azure, a local folder) that hold the truth behind the
+//! cache.
+//!
+//! The origin clients are `object_store`'s, on a small tokio thread pool of their own ([`Origins`],
+//! shared by every shard). A shard never blocks on them: it hands a request to the pool and awaits
+//! the pool's join handle, whose waker reaches the shard's ring like any cross-thread wake-up.
+//! What a shard does with the answers (read-through, write-back) lives in [`read`] and
+//! [`writeback`], driven by the shard's [`crate::cache::Cache`].
+
+pub(crate) mod read;
+pub(crate) mod remote;
+pub(crate) mod writeback;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+pub use remote::OriginVersion;
+
+use crate::{Error, ErrorKind, Result};
+
+/// How PUTs to a bucket reach its origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Acknowledge once the object is durable on NVMe; upload in the background.
+    Back,
+    /// Acknowledge once the origin has the object (and it is cached).
+    Through,
+    /// Refuse PUT and DELETE.
+    ReadOnly,
+}
+
+/// When a cached copy of an origin object is checked against the origin again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revalidate {
+    /// Never: origin objects are never overwritten in place.
+    Immutable,
+    /// After this long, a conditional GET with the cached ETag keeps the copy (304) or replaces it.
+    Ttl(Duration),
+}
+
+/// One bucket's origin: where its objects live and how they are kept in step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketOrigin {
+    /// `s3://bucket[/prefix]`, `gs://...`, `az://container[/prefix]` or `file:///path`.
+    pub url: String,
+    pub write: WriteMode,
+    pub revalidate: Revalidate,
+}
+
+impl BucketOrigin {
+    /// Parse `URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]`.
+    pub fn parse(spec: &str, defaults: &BucketOrigin) -> Result<BucketOrigin> {
+        let mut parts = spec.split(',');
+        let url = parts.next().unwrap_or_default().trim().to_string();
+        let mut origin = BucketOrigin {
+            url,
+            write: defaults.write,
+            revalidate: defaults.revalidate,
+        };
+        for option in parts {
+            let (name, value) = option.split_once('=').ok_or_else(|| {
+                invalid(format!(
+                    "origin option {option:?} is not NAME=VALUE (write=..., revalidate=...)"
+                ))
+            })?;
+            match name.trim() {
+                "write" => origin.write = parse_write_mode(value.trim())?,
+                "revalidate" => origin.revalidate = parse_revalidate(value.trim())?,
+                other => {
+                    return Err(invalid(format!(
+                        "unknown origin option {other:?}; the options are write= and revalidate="
+                    )))
+                }
+            }
+        }
+        check_url(&origin.url)?;
+        Ok(origin)
+    }
+}
+
+pub fn parse_write_mode(value: &str) -> Result<WriteMode> {
+    match value {
+        "back" => Ok(WriteMode::Back),
+        "through" => Ok(WriteMode::Through),
+        "read-only" => Ok(WriteMode::ReadOnly),
+        other => Err(invalid(format!(
+            "write mode {other:?} is not back, through or read-only"
+        ))),
+    }
+}
+
+pub fn parse_revalidate(value: &str) -> Result<Revalidate> {
+    if value == "immutable" {
+        return Ok(Revalidate::Immutable);
+    }
+    match value.strip_prefix("ttl=") {
+        Some(duration) => Ok(Revalidate::Ttl(parse_duration(duration)?)),
+        None => Err(invalid(format!(
+            "revalidation {value:?} is not immutable or ttl=DURATION"
+        ))),
+    }
+}
+
+/// `500ms`, `30s`, `5m`, `2h` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|character: char| !character.is_ascii_digit() && character != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| {
+        invalid(format!(
+            "{text:?} is not a duration such as 500ms, 30s, 5m, 2h"
+        ))
+    })?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => {
+            return Err(invalid(format!(
+                "{text:?} is not a duration such as 500ms, 30s, 5m, 2h"
+            )))
+        }
+    };
+    if !(0.0..=1e9).contains(&seconds) {
+        return Err(invalid(format!("duration {text:?} is out of range")));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn check_url(url: &str) -> Result<()> {
+    let known = ["s3://", "gs://", "az://", "file:///"];
+    if known.iter().any(|scheme| url.starts_with(scheme)) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "origin {url:?} is not s3://bucket[/prefix], gs://bucket[/prefix], az://container[/prefix] or file:///path"
+        )))
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(ErrorKind::InvalidConfig, message)
+}
+
+/// Which origins the cache buckets map to, and the limits of talking to them. Every option has a
+/// default (see `OriginConfig::new`).
+#[derive(Clone, Debug)]
+pub struct OriginConfig {
+    /// The default origin: a cache bucket `B` without an entry of its own maps to `URL/B/`, with
+    /// the default write mode and revalidation. `None`: such buckets live on NVMe only.
+    pub default_url: Option<String>,
+    pub default_write: WriteMode,
+    pub default_revalidate: Revalidate,
+    /// Cache buckets mapped to origins of their own.
+    pub buckets: HashMap<String, BucketOrigin>,
+    /// The dirty-byte budget (high watermark): above it a write-back PUT waits.
+    pub dirty_bytes_max: u64,
+    /// Once the budget is full, writers wait until dirty bytes fall to this low watermark.
+    pub dirty_bytes_low: u64,
+    /// How long a write-back PUT waits for room in the budget before it is answered BUSY.
+    pub put_wait_max: Duration,
+    /// Objects above this size are uploaded in parts.
+    pub multipart_threshold_bytes: u64,
+    /// The part size of multipart uploads (S3 needs at least 5 MiB for all but the last part).
+    pub part_bytes: u64,
+    /// Uploads in flight per shard.
+    pub uploads_per_shard_max: usize,
+    /// How long HEAD answers from the origin are reused.
+    pub metadata_ttl: Duration,
+    /// Objects whose origin metadata a shard keeps in memory.
+    pub metadata_entries_max: usize,
+    /// Threads of the pool that runs origin requests.
+    pub threads: usize,
+    /// One origin request's time limit, retries included, for reads and metadata.
+    pub request_timeout: Duration,
+    /// Retries (with exponential backoff) of a failed read request before the reader is told
+    /// ORIGIN_UNAVAILABLE. Uploads retry until they succeed.
+    pub read_retries_max: usize,
+    /// The longest wait between two upload attempts.
+    pub upload_backoff_max: Duration,
+}
+
+impl OriginConfig {
+    pub fn new() -> OriginConfig {
+        OriginConfig {
+            default_url: None,
+            default_write: WriteMode::Back,
+            default_revalidate: Revalidate::Immutable,
+            buckets: HashMap::new(),
+            dirty_bytes_max: 4 << 30,
+            dirty_bytes_low: 3 << 30,
+            put_wait_max: Duration::from_secs(30),
+            multipart_threshold_bytes: 16 << 20,
+            part_bytes: 16 << 20,
+            uploads_per_shard_max: 4,
+            metadata_ttl: Duration::from_secs(5),
+            metadata_entries_max: 100_000,
+            threads: 2,
+            request_timeout: Duration::from_secs(30),
+            read_retries_max: 2,
+            upload_backoff_max: Duration::from_secs(10),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(url) = &self.default_url {
+            check_url(url)?;
+        }
+        for (bucket, origin) in &self.buckets {
+            crate::store::ObjectKey::prefix(bucket, "")?;
+            check_url(&origin.url)?;
+        }
+        if self.dirty_bytes_low > self.dirty_bytes_max {
+            return Err(invalid(format!(
+                "the dirty low watermark ({}) is above the budget ({})",
+                self.dirty_bytes_low, self.dirty_bytes_max
+            )));
+        }
+        if self.part_bytes < 5 << 20 || self.multipart_threshold_bytes < self.part_bytes {
+            return Err(invalid(
+                "parts must be at least 5 MiB and the multipart threshold at least a part".into(),
+            ));
+        }
+        if self.threads == 0 || self.threads > 64 || self.uploads_per_shard_max == 0 {
+            return Err(invalid(
+                "origin threads must be 1-64 and uploads per shard at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for OriginConfig {
+    fn default() -> OriginConfig {
+        OriginConfig::new()
+    }
+}
+
+/// A cache bucket's resolved origin: the store client, the path prefix inside it, and its rules.
+pub(crate) struct Route {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Option<Path>,
+    pub write: WriteMode,
+    pub revalidate: Revalidate,
+    /// The origin as the operator wrote it, for messages.
+    pub url: String,
+}
+
+impl Route {
+    /// Where `key` lives at the origin, or an error for keys an object store cannot name.
+    pub fn path(&self, key: &str) -> Result<Path> {
+        let full = match &self.prefix {
+            Some(prefix) => format!("{prefix}/{key}"),
+            None => key.to_string(),
+        };
+        Path::parse(&full).map_err(|error| {
+            Error::new(
+                ErrorKind::InvalidKey,
+                format!(
+                    "key {key:?} cannot be stored at origin {}: {error}",
+                    self.url
+                ),
+            )
+        })
+    }
+
+    /// The cache key of an origin path listed under this route's prefix.
+    pub fn key_of(&self, path: &Path) -> Option<String> {
+        let text = path.as_ref();
+        match &self.prefix {
+            Some(prefix) => text
+                .strip_prefix(prefix.as_ref())
+                .and_then(|rest| rest.strip_prefix('/'))
+                .map(str::to_string),
+            None => Some(text.to_string()),
+        }
+    }
+}
+
+/// The origins of every bucket and the pool that talks to them; shared by all shards.
+pub struct Origins {
+    config: OriginConfig,
+    runtime: Option<tokio::runtime::Runtime>,
+    routes: std::sync::Mutex<HashMap<String, Arc<Route>>>,
+    /// Bytes of dirty objects (and of write-back PUTs admitted but not yet stored), all shards.
+    dirty_bytes: AtomicU64,
+    /// Set when the budget filled; writers wait until dirty bytes reach the low watermark.
+    backpressure: AtomicBool,
+    pub(crate) counters: OriginCounters,
+}
+
+/// Origin traffic since the engine opened.
+#[derive(Default)]
+pub struct OriginCounters {
+    pub gets: AtomicU64,
+    pub heads: AtomicU64,
+    pub puts: AtomicU64,
+    pub lists: AtomicU64,
+    pub deletes: AtomicU64,
+    pub errors: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub uploads_retried: AtomicU64,
+}
+
+/// A copy of the origin counters and the dirty state, for STATS and metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OriginStats {
+    pub gets: u64,
+    pub heads: u64,
+    pub puts: u64,
+    pub lists: u64,
+    pub deletes: u64,
+    pub errors: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub uploads_retried: u64,
+    pub dirty_bytes: u64,
+    pub dirty_bytes_max: u64,
+}
+
+impl Origins {
+    pub(crate) fn start(config: OriginConfig) -> Result<Origins> {
+        config.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.threads)
+            .thread_name("hydrant-origin")
+            .enable_all()
+            .build()
+            .map_err(|error| Error::io("cannot start the origin threads", error))?;
+        let origins = Origins {
+            config,
+            runtime: Some(runtime),
+            routes: std::sync::Mutex::new(HashMap::new()),
+            dirty_bytes: AtomicU64::new(0),
+            backpressure: AtomicBool::new(false),
+            counters: OriginCounters::default(),
+        };
+        // Resolve the configured buckets now, so that a bad URL or missing credentials stop
+        // the start instead of the first request.
+        let buckets: Vec<String> = origins.config.buckets.keys().cloned().collect();
+        for bucket in buckets {
+            origins.route(&bucket)?;
+        }
+        if origins.config.default_url.is_some() {
+            origins.route("hydrant-check")?;
+        }
+        Ok(origins)
+    }
+
+    pub fn config(&self) -> &OriginConfig {
+        &self.config
+    }
+
+    /// The origin of cache bucket `bucket`, or `None` when it lives on NVMe only.
+    pub(crate) fn route(&self, bucket: &str) -> Result<Option<Arc<Route>>> {
+        if let Some(route) = self.routes.lock().expect("routes lock").get(bucket) {
+            return Ok(Some(route.clone()));
+        }
+        let origin = match (self.config.buckets.get(bucket), &self.config.default_url) {
+            (Some(origin), _) => origin.clone(),
+            (None, Some(url)) => BucketOrigin {
+                url: format!("{}/{bucket}", url.trim_end_matches('/')),
+                write: self.config.default_write,
+                revalidate: self.config.default_revalidate,
+            },
+            (None, None) => return Ok(None),
+        };
+        let route = Arc::new(self.resolve(&origin)?);
+        self.routes
+            .lock()
+            .expect("routes lock")
+            .insert(bucket.to_string(), route.clone());
+        Ok(Some(route))
+    }
+
+    fn resolve(&self, origin: &BucketOrigin) -> Result<Route> {
+        let _context = self.runtime().enter();
+        let (store, prefix) = remote::open_store(&origin.url, &self.config)?;
+        Ok(Route {
+            store,
+            prefix,
+            write: origin.write,
+            revalidate: origin.revalidate,
+            url: origin.url.clone(),
+        })
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("origin runtime runs until drop")
+    }
+
+    /// Run `task` on the origin pool; the returned future may be awaited on a shard.
+    pub(crate) fn run<T, F>(&self, task: F) -> impl Future<Output = Result<T>> + 'static
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        let handle = self.runtime().spawn(task);
+        async move {
+            handle.await.unwrap_or_else(|error| {
+                Err(Error::new(
+                    ErrorKind::OriginUnavailable,
+                    format!("an origin request did not finish: {error}"),
+                ))
+            })
+        }
+    }
+
+    /// Take `bytes` from the dirty budget, waiting (on the shard) while it is full; BUSY after
+    /// `put_wait_max`.
+    pub(crate) async fn reserve_dirty(&self, bytes: u64) -> Result<()> {
+        if bytes > self.config.dirty_bytes_max {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object of {bytes} bytes is larger than the dirty budget of {} bytes; raise --dirty-bytes-max or write it to a write-through bucket",
+                    self.config.dirty_bytes_max
+                ),
+            ));
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let current = self.dirty_bytes.load(Ordering::Acquire);
+            if self.backpressure.load(Ordering::Acquire) && current <= self.config.dirty_bytes_low {
+                self.backpressure.store(false, Ordering::Release);
+            }
+            if !self.backpressure.load(Ordering::Acquire) {
+                if current + bytes <= self.config.dirty_bytes_max {
+                    if self
+                        .dirty_bytes
+                        .compare_exchange(
+                            current,
+                            current + bytes,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
+                        .is_ok()
+                    {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                self.backpressure.store(true, Ordering::Release);
+            }
+            if started.elapsed() >= self.config.put_wait_max {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "the dirty budget ({} of {} bytes) stayed full for {:?}; the origin is slower than the writers",
+                        current, self.config.dirty_bytes_max, self.config.put_wait_max
+                    ),
+                ));
+            }
+            crate::rt::time::sleep(DIRTY_POLL_INTERVAL).await;
+        }
+    }
+
+    /// Give back bytes taken by `reserve_dirty` (the object is clean, superseded or never stored).
+    pub(crate) fn release_dirty(&self, bytes: u64) {
+        let previous = self.dirty_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        assert!(previous >= bytes, "dirty bytes released twice");
+    }
+
+    /// Count dirty objects found on the device at open; they may exceed the budget.
+    pub(crate) fn add_recovered_dirty(&self, bytes: u64) {
+        self.dirty_bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.load(Ordering::Acquire)
+    }
+
+    pub fn stats(&self) -> OriginStats {
+        let counters = &self.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        OriginStats {
+            gets: load(&counters.gets),
+            heads: load(&counters.heads),
+            puts: load(&counters.puts),
+            lists: load(&counters.lists),
+            deletes: load(&counters.deletes),
+            errors: load(&counters.errors),
+            bytes_in: load(&counters.bytes_in),
+            bytes_out: load(&counters.bytes_out),
+            uploads_retried: load(&counters.uploads_retried),
+            dirty_bytes: self.dirty_bytes(),
+            dirty_bytes_max: self.config.dirty_bytes_max,
+        }
+    }
+}
+
+/// How often a writer waiting for room in the dirty budget looks again.
+const DIRTY_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+impl Drop for Origins {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_specs_parse_and_bad_ones_are_refused() {
+        let defaults = BucketOrigin {
+            url: String::new(),
+            write: WriteMode::Back,
+            revalidate: Revalidate::Immutable,
+        };
+        let parsed = BucketOrigin::parse(
+            "s3://data/train,write=through,revalidate=ttl=30s",
+            &defaults,
+        )
+        .unwrap();
+        assert_eq!(parsed.url, "s3://data/train");
+        assert_eq!(parsed.write, WriteMode::Through);
+        assert_eq!(parsed.revalidate, Revalidate::Ttl(Duration::from_secs(30)));
+        let plain = BucketOrigin::parse("file:///tmp/x", &defaults).unwrap();
+        assert_eq!(plain.write, WriteMode::Back);
+        for bad in [
+            "http://x",
+            "s3://x,write=sometimes",
+            "s3://x,color=red",
+            "s3://x,revalidate=ttl=soon",
+            "s3://x,write",
+        ] {
+            let error = BucketOrigin::parse(bad, &defaults).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidConfig, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1d").is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! The origin requests themselves: `object_store` calls that run on the origin pool, with their
+//! errors turned into the engine's kinds (a missing object is an answer, not an error; anything
+//! else the origin says is ORIGIN_UNAVAILABLE, which readers may retry).
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::{OriginConfig, OriginCounters, Route};
+use crate::{Error, ErrorKind, Result};
+
+/// What the origin says an object is: its size and ETag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OriginVersion {
+    pub bytes: u64,
+    pub etag: Option<String>,
+}
+
+/// The answer to a read from the origin.
+pub(crate) enum Fetch {
+    /// `data` holds the object's bytes from offset `start`.
+    Data {
+        version: OriginVersion,
+        start: u64,
+        data: Bytes,
+    },
+    /// The conditional GET found the cached ETag current.
+    NotModified,
+    /// The object changed since the ETag the read was pinned to.
+    Changed,
+    NotFound,
+}
+
+/// How a read is tied to a version.
+pub(crate) enum Condition {
+    None,
+    /// Only if the object is still this ETag (reads of further chunks of one version).
+    IfMatch(String),
+    /// Only if the object is no longer this ETag (revalidation).
+    IfNoneMatch(String),
+}
+
+/// The object store and path prefix for an origin URL.
+pub(super) fn open_store(
+    url: &str,
+    config: &OriginConfig,
+) -> Result<(Arc<dyn ObjectStore>, Option<Path>)> {
+    let unavailable = |error: object_store::Error| {
+        Error::new(
+            ErrorKind::InvalidConfig,
+            format!("cannot use origin {url}: {error}"),
+        )
+    };
+    let retry = object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: config.read_retries_max,
+        retry_timeout: config.request_timeout,
+    };
+    let timeout = format!("{}ms", config.request_timeout.as_millis());
+    if let Some(path) = url.strip_prefix("file://") {
+        let (root, prefix) = (path, None);
+        std::fs::create_dir_all(root)
+            .map_err(|error| Error::io(format!("cannot create the origin folder {root}"), error))?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(root)
+            .map_err(unavailable)?
+            .with_automatic_cleanup(true);
+        return Ok((Arc::new(store), prefix));
+    }
+    let (scheme, rest) = url.split_once("://").expect("checked URL");
+    let (container, prefix) = match rest.split_once('/') {
+        Some((container, prefix)) if !prefix.trim_matches('/').is_empty() => {
+            (container, Some(Path::from(prefix.trim_matches('/'))))
+        }
+        Some((container, _)) => (container, None),
+        None => (rest, None),
+    };
+    let root = format!("{scheme}://{container}");
+    let store: Arc<dyn ObjectStore> = match scheme {
+        "s3" => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+            use object_store::ClientConfigKey;
+            Arc::new(
+                AmazonS3Builder::from_env()
+                    .with_url(&root)
+                    .with_retry(retry)
+                    .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .build()
+                    .map_err(unavailable)?,
+            )
+        }
+        "gs" => {
+            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+            use object_store::ClientConfigKey;
+            Arc::new(
+                GoogleCloudStorageBuilder::from_env()
+                    .with_url(&root)
+                    .with_retry(retry)
+                    .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .build()
+                    .map_err(unavailable)?,
+            )
+        }
+        "az" => {
+            use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+            use object_store::ClientConfigKey;
+            Arc::new(
+                MicrosoftAzureBuilder::from_env()
+                    .with_url(&root)
+                    .with_retry(retry)
+                    .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .build()
+                    .map_err(unavailable)?,
+            )
+        }
+        other => unreachable!("scheme {other} passed check_url"),
+    };
+    Ok((store, prefix))
+}
+
+fn origin_error(
+    counters: &OriginCounters,
+    route: &Route,
+    what: &str,
+    error: object_store::Error,
+) -> Error {
+    counters.errors.fetch_add(1, Ordering::Relaxed);
+    Error::new(
+        ErrorKind::OriginUnavailable,
+        format!("origin {} failed to {what}: {error}", route.url),
+    )
+}
+
+/// Read `range` (or, with `None`, the object from its start, at most `first_bytes_max` bytes:
+/// the rest of the stream is dropped) under `condition`.
+pub(crate) async fn fetch(
+    counters: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+    range: Option<Range<u64>>,
+    first_bytes_max: u64,
+    condition: Condition,
+) -> Result<Fetch> {
+    let counters = &counters.counters;
+    counters.gets.fetch_add(1, Ordering::Relaxed);
+    let mut options = GetOptions {
+        range: range.clone().map(GetRange::Bounded),
+        ..GetOptions::default()
+    };
+    match condition {
+        Condition::None => {}
+        Condition::IfMatch(etag) => options.if_match = Some(etag),
+        Condition::IfNoneMatch(etag) => options.if_none_match = Some(etag),
+    }
+    let result = match route.store.get_opts(&path, options).await {
+        Ok(result) => result,
+        Err(object_store::Error::NotFound { .. }) => return Ok(Fetch::NotFound),
+        Err(object_store::Error::NotModified { .. }) => return Ok(Fetch::NotModified),
+        Err(object_store::Error::Precondition { .. }) => return Ok(Fetch::Changed),
+        Err(error) => return Err(origin_error(counters, &route, "read", error)),
+    };
+    let version = OriginVersion {
+        bytes: result.meta.size,
+        etag: result.meta.e_tag.clone(),
+    };
+    let start = result.range.start;
+    let wanted = if range.is_some() {
+        result.range.end - result.range.start
+    } else {
+        version.bytes.min(first_bytes_max)
+    };
+    let mut stream = result.into_stream();
+    let mut data = Vec::with_capacity(wanted as usize);
+    while (data.len() as u64) < wanted {
+        match stream.next().await {
+            Some(Ok(piece)) => {
+                let room = wanted as usize - data.len();
+                data.extend_from_slice(&piece[..piece.len().min(room)]);
+            }
+            Some(Err(error)) => return Err(origin_error(counters, &route, "read", error)),
+            None => break,
+        }
+    }
+    if (data.len() as u64) < wanted {
+        counters.errors.fetch_add(1, Ordering::Relaxed);
+        return Err(Error::new(
+            ErrorKind::OriginUnavailable,
+            format!(
+                "origin {} ended {path} after {} of {wanted} bytes",
+                route.url,
+                data.len()
+            ),
+        ));
+    }
+    counters
+        .bytes_in
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(Fetch::Data {
+        version,
+        start,
+        data: Bytes::from(data),
+    })
+}
+
+pub(crate) async fn head(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+) -> Result<Option<OriginVersion>> {
+    origins.counters.heads.fetch_add(1, Ordering::Relaxed);
+    match route.store.head(&path).await {
+        Ok(meta) => Ok(Some(OriginVersion {
+            bytes: meta.size,
+            etag: meta.e_tag,
+        })),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(error) => Err(origin_error(
+            &origins.counters,
+            &route,
+            "answer HEAD",
+            error,
+        )),
+    }
+}
+
+pub(crate) async fn put(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+    data: Bytes,
+) -> Result<Option<String>> {
+    origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    let bytes = data.len() as u64;
+    match route.store.put(&path, PutPayload::from(data)).await {
+        Ok(result) => {
+            origins
+                .counters
+                .bytes_out
+                .fetch_add(bytes, Ordering::Relaxed);
+            Ok(result.e_tag)
+        }
+        Err(error) => Err(origin_error(&origins.counters, &route, "store", error)),
+    }
+}
+
+pub(crate) async fn start_multipart(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+) -> Result<Box<dyn object_store::MultipartUpload>> {
+    origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    route
+        .store
+        .put_multipart(&path)
+        .await
+        .map_err(|error| origin_error(&origins.counters, &route, "start an upload", error))
+}
+
+pub(crate) async fn put_part(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    mut upload: Box<dyn object_store::MultipartUpload>,
+    data: Bytes,
+) -> Result<Box<dyn object_store::MultipartUpload>> {
+    let bytes = data.len() as u64;
+    match upload.put_part(PutPayload::from(data)).await {
+        Ok(()) => {
+            origins
+                .counters
+                .bytes_out
+                .fetch_add(bytes, Ordering::Relaxed);
+            Ok(upload)
+        }
+        Err(error) => {
+            // The parts uploaded so far are abandoned; the next attempt starts over.
+            let _ = upload.abort().await;
+            Err(origin_error(
+                &origins.counters,
+                &route,
+                "upload a part",
+                error,
+            ))
+        }
+    }
+}
+
+pub(crate) async fn finish_multipart(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    mut upload: Box<dyn object_store::MultipartUpload>,
+) -> Result<Option<String>> {
+    match upload.complete().await {
+        Ok(result) => Ok(result.e_tag),
+        Err(error) => {
+            let _ = upload.abort().await;
+            Err(origin_error(
+                &origins.counters,
+                &route,
+                "complete an upload",
+                error,
+            ))
+        }
+    }
+}
+
+pub(crate) async fn delete(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+) -> Result<()> {
+    origins.counters.deletes.fetch_add(1, Ordering::Relaxed);
+    match route.store.delete(&path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(error) => Err(origin_error(&origins.counters, &route, "delete", error)),
+    }
+}
+
+/// Up to `limit` objects under `prefix` after the key `start_after`, as (key, size), in key
+/// order.
+pub(crate) async fn list(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    prefix: String,
+    start_after: Option<String>,
+    limit: usize,
+) -> Result<Vec<(String, u64)>> {
+    origins.counters.lists.fetch_add(1, Ordering::Relaxed);
+    // object_store lists by whole path segments; list the segment-aligned parent and filter
+    // on the key prefix.
+    let parent = prefix.rfind('/').map(|slash| &prefix[..slash]);
+    let parent_path = match (&route.prefix, parent) {
+        (Some(root), Some(parent)) => Some(Path::from(format!("{root}/{parent}"))),
+        (Some(root), None) => Some(root.clone()),
+        (None, Some(parent)) => Some(Path::from(parent)),
+        (None, None) => None,
+    };
+    let offset = start_after
+        .as_deref()
+        .map(|after| route.path(after))
+        .transpose()?;
+    let mut stream = match offset {
+        Some(offset) => route.store.list_with_offset(parent_path.as_ref(), &offset),
+        None => route.store.list(parent_path.as_ref()),
+    };
+    let mut found = Vec::new();
+    while let Some(item) = stream.next().await {
+        let meta = item.map_err(|error| origin_error(&origins.counters, &route, "list", error))?;
+        let Some(key) = route.key_of(&meta.location) else {
+            continue;
+        };
+        if key.starts_with(&prefix) && start_after.as_ref().is_none_or(|after| &key > after) {
+            found.push((key, meta.size));
+        }
+        if found.len() >= LIST_GATHER_MAX {
+            break;
+        }
+    }
+    // Not every store lists in key order (a local folder does not).
+    found.sort();
+    found.truncate(limit);
+    Ok(found)
+}
+
+/// The most origin entries one LIST gathers before sorting (a store that does not list in key
+/// order, a local folder, is listed whole up to this bound).
+const LIST_GATHER_MAX: usize = 1_000_000;

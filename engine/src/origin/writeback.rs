@@ -1,0 +1,268 @@
+//! A shard's write-back: the queue of dirty object versions waiting for the origin, and the
+//! task that uploads them (whole, or in parts above the multipart threshold), retrying with
+//! exponential backoff until the origin takes them. A version is marked clean only once the
+//! origin has acknowledged it, and only if it is still the newest; the dirty budget is given
+//! back then.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{remote, OriginVersion, Route};
+use crate::cache::Cache;
+use crate::rt::sync::{Semaphore, WaitQueue};
+use crate::store::{ByteRange, ObjectKey};
+use crate::{Error, ErrorKind, Result};
+
+/// The first wait after a failed upload; it doubles up to `upload_backoff_max`.
+const UPLOAD_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+
+/// One dirty version to upload, and the budget bytes it holds.
+pub(crate) struct Upload {
+    pub key: ObjectKey,
+    pub seq: u64,
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct WriteBack {
+    queue: RefCell<VecDeque<Upload>>,
+    queued: WaitQueue,
+    /// The newest dirty version of each key not yet at the origin (FLUSH waits on it).
+    pending: RefCell<BTreeMap<ObjectKey, u64>>,
+    /// Woken when an upload finishes (pending shrank, or a key stopped uploading).
+    changed: WaitQueue,
+    uploading: RefCell<HashSet<ObjectKey>>,
+}
+
+impl WriteBack {
+    /// Queue version `seq` of `key`. Its `bytes` are already taken from the dirty budget.
+    pub fn enqueue(&self, upload: Upload) {
+        self.pending
+            .borrow_mut()
+            .insert(upload.key.clone(), upload.seq);
+        self.queue.borrow_mut().push_back(upload);
+        self.queued.wake_all();
+    }
+
+    /// Dirty keys under `prefix` (a joined bucket and key prefix) not yet at the origin.
+    pub fn pending_under(&self, prefix: &ObjectKey) -> usize {
+        self.pending
+            .borrow()
+            .range(prefix.clone()..)
+            .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
+            .count()
+    }
+
+    /// Dirty keys of `bucket` under `prefix`, after `start_after`, at most `limit`, in order.
+    pub fn pending_keys(
+        &self,
+        prefix: &ObjectKey,
+        start_after: Option<&ObjectKey>,
+        limit: usize,
+    ) -> Vec<ObjectKey> {
+        self.pending
+            .borrow()
+            .range(prefix.clone()..)
+            .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
+            .filter(|(key, _)| start_after.is_none_or(|after| *key > after))
+            .take(limit)
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// Wait until `key` is not being uploaded (a delete must not race an upload that would
+    /// bring the object back at the origin).
+    pub async fn idle(&self, key: &ObjectKey) {
+        while self.uploading.borrow().contains(key) {
+            self.changed.wait().await;
+        }
+    }
+
+    /// Wait for the next finished upload.
+    pub async fn next_change(&self) {
+        self.changed.wait().await;
+    }
+}
+
+/// The shard's uploader: takes queued versions and uploads up to `uploads_per_shard_max` at
+/// once. Runs for the life of the shard.
+pub(crate) async fn upload_loop(cache: Rc<Cache>) {
+    let Some(origin) = cache.origin() else {
+        return;
+    };
+    let slots = Rc::new(Semaphore::new(
+        origin.origins.config().uploads_per_shard_max,
+    ));
+    loop {
+        let permit = slots.acquire_owned().await;
+        let upload = loop {
+            if let Some(upload) = origin.writes.queue.borrow_mut().pop_front() {
+                break upload;
+            }
+            origin.writes.queued.wait().await;
+        };
+        let cache = cache.clone();
+        crate::rt::spawn(async move {
+            upload_one(&cache, upload).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn upload_one(cache: &Cache, upload: Upload) {
+    let origin = cache.origin().expect("uploads only with an origin");
+    let writes = &origin.writes;
+    writes.idle(&upload.key).await;
+    writes.uploading.borrow_mut().insert(upload.key.clone());
+    let mut backoff = UPLOAD_BACKOFF_FIRST;
+    loop {
+        let current = cache
+            .store()
+            .head(&upload.key)
+            .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
+        if !current {
+            break; // deleted, or superseded by a newer version with an upload of its own
+        }
+        let route = match origin.origins.route(upload.key.bucket()) {
+            Ok(Some(route)) => route,
+            Ok(None) | Err(_) => {
+                log::warn!(
+                    "{}/{} is dirty but its bucket has no origin now; it stays on NVMe",
+                    upload.key.bucket(),
+                    upload.key.key()
+                );
+                break;
+            }
+        };
+        match upload_version(cache, &route, &upload).await {
+            Ok(Some(etag)) => {
+                if cache.store().mark_clean(&upload.key, upload.seq) {
+                    origin.reads.remember(
+                        &upload.key,
+                        OriginVersion {
+                            bytes: upload.bytes,
+                            etag,
+                        },
+                    );
+                }
+                break;
+            }
+            Ok(None) => break, // the version changed while it was being read
+            Err(error) => {
+                origin
+                    .origins
+                    .counters
+                    .uploads_retried
+                    .fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "upload of {}/{} failed, retrying in {backoff:?}: {error}",
+                    upload.key.bucket(),
+                    upload.key.key()
+                );
+                crate::rt::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(origin.origins.config().upload_backoff_max);
+            }
+        }
+    }
+    writes.uploading.borrow_mut().remove(&upload.key);
+    {
+        let mut pending = writes.pending.borrow_mut();
+        if pending.get(&upload.key) == Some(&upload.seq) {
+            pending.remove(&upload.key);
+        }
+    }
+    origin.origins.release_dirty(upload.bytes);
+    writes.changed.wake_all();
+}
+
+/// Upload one version; `Ok(None)` when it stopped being the stored version midway, else the
+/// origin's ETag (when it gives one).
+async fn upload_version(
+    cache: &Cache,
+    route: &Arc<Route>,
+    upload: &Upload,
+) -> Result<Option<Option<String>>> {
+    let origins = cache.origin().expect("origin").origins.clone();
+    let path = route.path(upload.key.key())?;
+    let config = origins.config().clone();
+    if upload.bytes <= config.multipart_threshold_bytes {
+        let Some(data) = read_part(cache, upload, 0, upload.bytes).await? else {
+            return Ok(None);
+        };
+        let etag = origins
+            .run(remote::put(origins.clone(), route.clone(), path, data))
+            .await?;
+        return Ok(Some(etag));
+    }
+    let mut multipart = origins
+        .run(remote::start_multipart(
+            origins.clone(),
+            route.clone(),
+            path.clone(),
+        ))
+        .await?;
+    let mut offset = 0;
+    while offset < upload.bytes {
+        let end = (offset + config.part_bytes).min(upload.bytes);
+        let Some(data) = read_part(cache, upload, offset, end).await? else {
+            let abandoned = multipart;
+            // Spawned on the origin pool; dropping the handle does not cancel it.
+            drop(origins.run(async move {
+                let mut abandoned = abandoned;
+                let _ = abandoned.abort().await;
+                Ok(())
+            }));
+            return Ok(None);
+        };
+        multipart = origins
+            .run(remote::put_part(
+                origins.clone(),
+                route.clone(),
+                multipart,
+                data,
+            ))
+            .await?;
+        offset = end;
+    }
+    let etag = origins
+        .run(remote::finish_multipart(
+            origins.clone(),
+            route.clone(),
+            multipart,
+        ))
+        .await?;
+    Ok(Some(etag))
+}
+
+/// Bytes `start..end` of the version being uploaded, or `None` when it is no longer stored.
+async fn read_part(cache: &Cache, upload: &Upload, start: u64, end: u64) -> Result<Option<Bytes>> {
+    let range = ByteRange {
+        start,
+        end: Some(end),
+    };
+    let Some(read) = cache.store().get(&upload.key, Some(range)).await? else {
+        return Ok(None);
+    };
+    if read.seq != upload.seq {
+        return Ok(None);
+    }
+    if read.len() as u64 != end - start {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "read {} bytes of {}/{} for upload, wanted {}",
+                read.len(),
+                upload.key.bucket(),
+                upload.key.key(),
+                end - start
+            ),
+        ));
+    }
+    Ok(Some(Bytes::from(read.to_vec())))
+}
