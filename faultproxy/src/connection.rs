@@ -94,7 +94,7 @@ impl Session<'_> {
                     let _ = self.answer_simple(431, "Request Header Fields Too Large", true);
                     return Ending::CloseLingering;
                 }
-                Err(HeadError::Truncated | HeadError::Io) => return Ending::Close,
+                Err(HeadError::Truncated | HeadError::Io(_)) => return Ending::Close,
             };
             let request = match RequestHead::parse(head) {
                 Ok(request) => request,
@@ -238,17 +238,12 @@ impl Session<'_> {
         method: Method,
         reset_mid_body: bool,
     ) -> io::Result<Next> {
-        let mut upstream = match self.take_upstream() {
-            Ok(upstream) => upstream,
-            Err(_) => return self.answer_bad_gateway(method),
-        };
-        if upstream.stream().write_all(&request.bytes).is_err() {
-            return self.answer_bad_gateway(method);
-        }
-        let (response, body_state_unknown) = match self.relay_request(request, &mut upstream) {
-            Ok(relayed) => relayed,
+        let (mut upstream, response, body_state_unknown) = match self.exchange(request) {
+            Ok(exchanged) => exchanged,
             Err(RelayError::Client(error)) => return Err(error),
-            Err(RelayError::Upstream) => return self.answer_bad_gateway(method),
+            Err(RelayError::Upstream | RelayError::UpstreamClosedFirst) => {
+                return self.answer_bad_gateway(method)
+            }
         };
         let framing = response.framing(request.is_head());
         if reset_mid_body {
@@ -275,6 +270,37 @@ impl Session<'_> {
         // A response that closes its connection tells the client so in its own header fields,
         // which are relayed unchanged, so the client connection ends with it.
         Ok(keep_alive_unless(!request.keep_alive || !upstream_reusable))
+    }
+
+    /// Sends the request upstream and reads the final response head. A kept connection that the
+    /// server closed while it was idle fails before any byte of a response; a request without a
+    /// body is then sent once more on a new connection, as HTTP clients do (RFC 9112, section
+    /// 9.3.1), since the server cannot have acted on it.
+    fn exchange(
+        &mut self,
+        request: &RequestHead,
+    ) -> Result<(Inbound, ResponseHead, bool), RelayError> {
+        let retryable = request.framing == Framing::Empty && !request.expect_continue;
+        let (mut upstream, reused) = self.take_upstream().map_err(|_| RelayError::Upstream)?;
+        match self.send_request(request, &mut upstream) {
+            Err(RelayError::UpstreamClosedFirst) if reused && retryable => {}
+            result => return result.map(|(response, unknown)| (upstream, response, unknown)),
+        }
+        let mut upstream = self.connect_upstream().map_err(|_| RelayError::Upstream)?;
+        let (response, unknown) = self.send_request(request, &mut upstream)?;
+        Ok((upstream, response, unknown))
+    }
+
+    fn send_request(
+        &mut self,
+        request: &RequestHead,
+        upstream: &mut Inbound,
+    ) -> Result<(ResponseHead, bool), RelayError> {
+        upstream
+            .stream()
+            .write_all(&request.bytes)
+            .map_err(|_| RelayError::UpstreamClosedFirst)?;
+        self.relay_request(request, upstream)
     }
 
     /// Sends the request body (after `100 Continue` when the client asked for it) and reads the
@@ -367,14 +393,18 @@ impl Session<'_> {
         copy.run(framing, upstream, &mut self.client.stream())
     }
 
-    /// The connection's upstream connection: the kept one if the server has not closed it,
-    /// else a new one.
-    fn take_upstream(&mut self) -> io::Result<Inbound> {
+    /// The connection's upstream connection, and whether it was kept from an earlier request:
+    /// the kept one if the server has not closed it, else a new one.
+    fn take_upstream(&mut self) -> io::Result<(Inbound, bool)> {
         if let Some(kept) = self.upstream.take() {
             if is_reusable(&kept) {
-                return Ok(kept);
+                return Ok((kept, true));
             }
         }
+        Ok((self.connect_upstream()?, false))
+    }
+
+    fn connect_upstream(&mut self) -> io::Result<Inbound> {
         let stream = connect(&self.shared.upstream)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_millis(UPSTREAM_IDLE_TIMEOUT_MS)))?;
@@ -407,6 +437,8 @@ impl Session<'_> {
 enum RelayError {
     Client(io::Error),
     Upstream,
+    /// The upstream server closed the connection before any byte of a response.
+    UpstreamClosedFirst,
 }
 
 impl From<io::Error> for RelayError {
@@ -419,7 +451,10 @@ impl From<io::Error> for RelayError {
 fn read_response_head(upstream: &mut Inbound) -> Result<ResponseHead, RelayError> {
     match upstream.read_head() {
         Ok(Some(head)) => ResponseHead::parse(head).map_err(|_| RelayError::Upstream),
-        Ok(None) | Err(_) => Err(RelayError::Upstream),
+        Ok(None) | Err(HeadError::Io(io::ErrorKind::ConnectionReset)) => {
+            Err(RelayError::UpstreamClosedFirst)
+        }
+        Err(_) => Err(RelayError::Upstream),
     }
 }
 

@@ -24,13 +24,12 @@ pub enum HeadError {
     TooLarge,
     /// The peer closed the connection part way through a head.
     Truncated,
-    /// The cause is dropped: whatever it was, the connection cannot go on.
-    Io,
+    Io(io::ErrorKind),
 }
 
 impl From<io::Error> for HeadError {
-    fn from(_: io::Error) -> Self {
-        HeadError::Io
+    fn from(error: io::Error) -> Self {
+        HeadError::Io(error.kind())
     }
 }
 

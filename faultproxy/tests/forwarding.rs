@@ -219,3 +219,34 @@ fn the_binary_prints_its_address_first_and_forwards() {
     assert!(answer.contains("\"delay_ms\":\"0-0\""), "{answer}");
     assert_eq!(response.unwrap().body, pattern(7));
 }
+
+#[test]
+fn a_kept_upstream_connection_closed_unanswered_is_retried_once_for_a_bodiless_request() {
+    let upstream = Upstream::start();
+    let proxy = start_proxy(&upstream, |_| {});
+    let mut client = Client::connect(proxy.addr());
+    for length in [3, 4, 5] {
+        assert_eq!(
+            client.get(&format!("/once/{length}")).unwrap().body,
+            pattern(length)
+        );
+    }
+    // Each later request was sent on the kept connection, met a close, and went again on a new
+    // one.
+    assert_eq!(upstream.request_count(), 5);
+    assert_eq!(upstream.connection_count(), 3);
+    assert_eq!(proxy.stats().total.forwarded, 3);
+    assert_eq!(proxy.stats().total.failed, 0);
+}
+
+#[test]
+fn shutdown_closes_open_connections_and_stops_listening() {
+    let upstream = Upstream::start();
+    let mut proxy = start_proxy(&upstream, |_| {});
+    let address = proxy.addr();
+    let mut client = Client::connect(address);
+    assert_eq!(client.get("/bytes/1").unwrap().status, 200);
+    proxy.shutdown();
+    assert!(client.get("/bytes/1").is_err());
+    assert!(TcpStream::connect(address).is_err());
+}

@@ -32,6 +32,7 @@ pub fn chunked_encoding(payload: &[u8], chunk_bytes: usize) -> Vec<u8> {
 /// An upstream server that counts what reaches it:
 /// - `GET /bytes/N`: N pattern bytes with a Content-Length; `HEAD` the same head without body;
 /// - `GET /chunked/N/M`: N pattern bytes in chunks of M, with a trailer;
+/// - `GET /once/N`: as `/bytes/N` on a connection's first request, else closes unanswered;
 /// - `PUT` and `POST` (any path): reads the body (length or chunked; answers `100 Continue`
 ///   first when asked) and answers `received N`;
 /// - `DELETE` (any path): 204.
@@ -166,8 +167,10 @@ fn serve_upstream(stream: TcpStream, requests: &AtomicU64) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
+    let mut served_here = 0;
     while let Some(head) = read_head(&mut reader)? {
         requests.fetch_add(1, Ordering::SeqCst);
+        served_here += 1;
         let mut parts = head.start_line.split(' ');
         let (method, target) = (parts.next().unwrap(), parts.next().unwrap());
         let path = target.split('?').next().unwrap();
@@ -182,6 +185,17 @@ fn serve_upstream(stream: TcpStream, requests: &AtomicU64) -> io::Result<()> {
                 if method == "GET" {
                     writer.write_all(&pattern(length))?;
                 }
+            }
+            // Closes a kept connection on its second request without answering, as a server
+            // does when its idle timeout strikes just as a request arrives.
+            ("GET", ["once", _]) if served_here > 1 => return Ok(()),
+            ("GET", ["once", length]) => {
+                let length: usize = length.parse().unwrap();
+                write!(
+                    writer,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n"
+                )?;
+                writer.write_all(&pattern(length))?;
             }
             ("GET", ["chunked", length, chunk_bytes]) => {
                 let body = chunked_encoding(
