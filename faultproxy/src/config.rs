@@ -1,0 +1,502 @@
+//! What the proxy runs with: the settings fixed at start (`Config`) and the ones a test may change
+//! while it runs (`Settings`, changed through a `ConfigUpdate`).
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+
+/// The longest per-request delay accepted, so that a typo cannot stall a test for hours.
+pub const DELAY_MS_MAX: u64 = 600_000;
+
+/// The delay of S3 Standard's first byte, roughly: the default, so that benchmarks through the
+/// proxy see a realistic origin unless they ask otherwise.
+pub const DELAY_DEFAULT: DelayRange = DelayRange {
+    min_ms: 50,
+    max_ms: 150,
+};
+
+/// How many client connections are served at once; more are refused so that a runaway client
+/// cannot exhaust threads or descriptors.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+
+/// The most entries a `--faults` list may have; the list is drawn from uniformly, so repeats only
+/// weight a kind, and a longer list is certainly a mistake.
+pub const FAULT_KINDS_MAX: usize = 16;
+
+/// A bad flag or control parameter: which one, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub parameter: &'static str,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(parameter: &'static str, message: impl Into<String>) -> Self {
+        ConfigError {
+            parameter,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}: {}", self.parameter, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A per-request delay drawn uniformly from `min_ms..=max_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelayRange {
+    pub min_ms: u64,
+    pub max_ms: u64,
+}
+
+impl DelayRange {
+    pub const NONE: DelayRange = DelayRange {
+        min_ms: 0,
+        max_ms: 0,
+    };
+
+    /// Parses `MIN-MAX` or a single `MS`, both in milliseconds; `0` and `0-0` mean no delay.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        const PARAMETER: &str = "delay_ms";
+        let parse_bound = |bound: &str| {
+            bound.trim().parse::<u64>().map_err(|_| {
+                ConfigError::new(
+                    PARAMETER,
+                    format!("{text:?} is not MIN-MAX in milliseconds"),
+                )
+            })
+        };
+        let (min_ms, max_ms) = match text.split_once('-') {
+            Some((min, max)) => (parse_bound(min)?, parse_bound(max)?),
+            None => {
+                let single = parse_bound(text)?;
+                (single, single)
+            }
+        };
+        if min_ms > max_ms {
+            return Err(ConfigError::new(
+                PARAMETER,
+                format!("the minimum {min_ms} exceeds the maximum {max_ms}"),
+            ));
+        }
+        if max_ms > DELAY_MS_MAX {
+            return Err(ConfigError::new(
+                PARAMETER,
+                format!("{max_ms} ms exceeds the limit of {DELAY_MS_MAX} ms"),
+            ));
+        }
+        Ok(DelayRange { min_ms, max_ms })
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.max_ms == 0
+    }
+}
+
+impl fmt::Display for DelayRange {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}-{}", self.min_ms, self.max_ms)
+    }
+}
+
+/// A kind of fault the proxy may inject, as listed in `--faults`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `503 SlowDown`, answered without forwarding, as S3 throttles.
+    SlowDown,
+    /// `500 InternalError`, answered without forwarding.
+    InternalError,
+    /// A connection reset, before forwarding or in the middle of the response body, chosen by a
+    /// coin flip for each fault.
+    Reset,
+    /// A connection reset before the request is forwarded.
+    ResetBeforeForwarding,
+    /// A connection reset after the request was forwarded and part of the response body relayed;
+    /// the upstream server did act on the request.
+    ResetMidBody,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 5] = [
+        FaultKind::SlowDown,
+        FaultKind::InternalError,
+        FaultKind::Reset,
+        FaultKind::ResetBeforeForwarding,
+        FaultKind::ResetMidBody,
+    ];
+
+    /// The name used in flags, control parameters and statistics.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::SlowDown => "503",
+            FaultKind::InternalError => "500",
+            FaultKind::Reset => "reset",
+            FaultKind::ResetBeforeForwarding => "reset-before",
+            FaultKind::ResetMidBody => "reset-mid-body",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let text = text.trim();
+        FaultKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.name()).collect();
+                ConfigError::new("faults", format!("{text:?} is not one of {names:?}"))
+            })
+    }
+}
+
+/// Parses a comma-separated list of fault kinds, such as `503,500,reset`.
+pub fn parse_faults(text: &str) -> Result<Vec<FaultKind>, ConfigError> {
+    let kinds = text
+        .split(',')
+        .map(FaultKind::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    validate_faults(&kinds)?;
+    Ok(kinds)
+}
+
+fn validate_faults(kinds: &[FaultKind]) -> Result<(), ConfigError> {
+    if kinds.is_empty() {
+        return Err(ConfigError::new("faults", "the list is empty"));
+    }
+    if kinds.len() > FAULT_KINDS_MAX {
+        return Err(ConfigError::new(
+            "faults",
+            format!(
+                "{} kinds exceed the limit of {FAULT_KINDS_MAX}",
+                kinds.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a fault rate, the probability in `0..=1` that a request is faulted.
+pub fn parse_fault_rate(text: &str) -> Result<f64, ConfigError> {
+    let rate: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::new("fault_rate", format!("{text:?} is not a number")))?;
+    validate_fault_rate(rate)?;
+    Ok(rate)
+}
+
+fn validate_fault_rate(rate: f64) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(ConfigError::new(
+            "fault_rate",
+            format!("{rate} is not between 0 and 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a bandwidth in bytes per second, with an optional unit: `B`, decimal `KB`/`MB`/`GB`
+/// (also `K`/`M`/`G`) or binary `KiB`/`MiB`/`GiB`, case-insensitive. `0` means unlimited.
+pub fn parse_bandwidth(text: &str) -> Result<u64, ConfigError> {
+    const UNITS: [(&str, u64); 10] = [
+        ("kib", 1 << 10),
+        ("mib", 1 << 20),
+        ("gib", 1 << 30),
+        ("kb", 1_000),
+        ("mb", 1_000_000),
+        ("gb", 1_000_000_000),
+        ("k", 1_000),
+        ("m", 1_000_000),
+        ("g", 1_000_000_000),
+        ("b", 1),
+    ];
+    let lower = text.trim().to_ascii_lowercase();
+    let (digits, multiplier) = UNITS
+        .iter()
+        .find_map(|(suffix, multiplier)| {
+            lower
+                .strip_suffix(suffix)
+                .map(|digits| (digits.trim(), *multiplier))
+        })
+        .unwrap_or((lower.as_str(), 1));
+    let invalid = || {
+        ConfigError::new(
+            "bandwidth",
+            format!("{text:?} is not bytes per second such as 10MiB"),
+        )
+    };
+    let count: u64 = digits.parse().map_err(|_| invalid())?;
+    count.checked_mul(multiplier).ok_or_else(invalid)
+}
+
+/// The settings that may change while the proxy runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Slept before each request is forwarded or faulted. Default: 50-150 ms.
+    pub delay: DelayRange,
+    /// Shared by all connections and both directions of body bytes; 0 is unlimited. Default: 0.
+    pub bandwidth_bytes_per_second: u64,
+    /// The probability that a request is faulted. Default: 0.
+    pub fault_rate: f64,
+    /// The kinds a fault is drawn from, uniformly. Default: 503, 500 and reset.
+    pub faults: Vec<FaultKind>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            delay: DELAY_DEFAULT,
+            bandwidth_bytes_per_second: 0,
+            fault_rate: 0.0,
+            faults: vec![
+                FaultKind::SlowDown,
+                FaultKind::InternalError,
+                FaultKind::Reset,
+            ],
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.delay.min_ms > self.delay.max_ms || self.delay.max_ms > DELAY_MS_MAX {
+            return Err(ConfigError::new(
+                "delay_ms",
+                format!("{} is not a valid range", self.delay),
+            ));
+        }
+        validate_fault_rate(self.fault_rate)?;
+        validate_faults(&self.faults)
+    }
+
+    pub fn to_json(&self) -> String {
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|kind| format!("\"{}\"", kind.name()))
+            .collect();
+        format!(
+            "{{\"delay_ms\":\"{}\",\"bandwidth_bytes_per_second\":{},\"fault_rate\":{},\"faults\":[{}]}}",
+            self.delay,
+            self.bandwidth_bytes_per_second,
+            self.fault_rate,
+            faults.join(",")
+        )
+    }
+}
+
+/// A change to some of the settings; the fields left `None` keep their value.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigUpdate {
+    pub delay: Option<DelayRange>,
+    pub bandwidth_bytes_per_second: Option<u64>,
+    pub fault_rate: Option<f64>,
+    pub faults: Option<Vec<FaultKind>>,
+}
+
+impl ConfigUpdate {
+    /// Parses a query string such as `fault_rate=0.2&delay_ms=0-0&bandwidth=10MiB&faults=503`.
+    pub fn from_query(query: &str) -> Result<Self, ConfigError> {
+        let mut update = ConfigUpdate::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value)
+                .ok_or_else(|| ConfigError::new("query", format!("{value:?} is badly escaped")))?;
+            match key {
+                "delay_ms" => update.delay = Some(DelayRange::parse(&value)?),
+                "bandwidth" => update.bandwidth_bytes_per_second = Some(parse_bandwidth(&value)?),
+                "fault_rate" => update.fault_rate = Some(parse_fault_rate(&value)?),
+                "faults" => update.faults = Some(parse_faults(&value)?),
+                _ => {
+                    return Err(ConfigError::new(
+                        "query",
+                        format!(
+                        "unknown parameter {key:?}; known: delay_ms, bandwidth, fault_rate, faults"
+                    ),
+                    ))
+                }
+            }
+        }
+        Ok(update)
+    }
+
+    /// The settings after this update, validated.
+    pub fn apply_to(&self, settings: &Settings) -> Result<Settings, ConfigError> {
+        let updated = Settings {
+            delay: self.delay.unwrap_or(settings.delay),
+            bandwidth_bytes_per_second: self
+                .bandwidth_bytes_per_second
+                .unwrap_or(settings.bandwidth_bytes_per_second),
+            fault_rate: self.fault_rate.unwrap_or(settings.fault_rate),
+            faults: self
+                .faults
+                .clone()
+                .unwrap_or_else(|| settings.faults.clone()),
+        };
+        updated.validate()?;
+        Ok(updated)
+    }
+}
+
+/// Decodes `%XX` escapes and `+` (a space in query strings); `None` if an escape is malformed or
+/// the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'%' => {
+                let hex = bytes.get(index + 1..index + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                decoded.push(u8::from_str_radix(hex, 16).ok()?);
+                index += 3;
+            }
+            b'+' => {
+                decoded.push(b' ');
+                index += 1;
+            }
+            byte => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+/// Everything the proxy starts with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where to listen; port 0 picks a free port (see `ProxyHandle::addr`). Default:
+    /// 127.0.0.1:0.
+    pub listen: SocketAddr,
+    /// The S3-compatible server to forward to, as `HOST:PORT`; resolved at each connect.
+    pub upstream: String,
+    pub settings: Settings,
+    /// Seeds the fault and delay draws; connection `n` (in accept order) draws from a generator
+    /// seeded with `seed` and `n`, so a run with the same seed and the same order of connections
+    /// repeats. Default: 0.
+    pub seed: u64,
+    /// Default: 1024.
+    pub connections_max: usize,
+}
+
+impl Config {
+    /// The defaults, forwarding to `upstream`.
+    pub fn new(upstream: impl Into<String>) -> Self {
+        Config {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            upstream: upstream.into(),
+            settings: Settings::default(),
+            seed: 0,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delay_ranges_parse_and_refuse_inverted_or_huge_bounds() {
+        assert_eq!(DelayRange::parse("0").unwrap(), DelayRange::NONE);
+        assert_eq!(DelayRange::parse("0-0").unwrap(), DelayRange::NONE);
+        assert!(DelayRange::parse("0-0").unwrap().is_none());
+        assert_eq!(
+            DelayRange::parse("50-150").unwrap(),
+            DelayRange {
+                min_ms: 50,
+                max_ms: 150
+            }
+        );
+        assert_eq!(
+            DelayRange::parse("100").unwrap(),
+            DelayRange {
+                min_ms: 100,
+                max_ms: 100
+            }
+        );
+        assert!(DelayRange::parse("150-50").is_err());
+        assert!(DelayRange::parse("1-999999999").is_err());
+        assert!(DelayRange::parse("fast").is_err());
+    }
+
+    #[test]
+    fn bandwidths_parse_with_decimal_and_binary_units() {
+        assert_eq!(parse_bandwidth("0").unwrap(), 0);
+        assert_eq!(parse_bandwidth("1234").unwrap(), 1234);
+        assert_eq!(parse_bandwidth("10MiB").unwrap(), 10 << 20);
+        assert_eq!(parse_bandwidth("10mib").unwrap(), 10 << 20);
+        assert_eq!(parse_bandwidth("2 KiB").unwrap(), 2048);
+        assert_eq!(parse_bandwidth("3MB").unwrap(), 3_000_000);
+        assert_eq!(parse_bandwidth("3M").unwrap(), 3_000_000);
+        assert_eq!(parse_bandwidth("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bandwidth("7B").unwrap(), 7);
+        assert!(parse_bandwidth("MiB").is_err());
+        assert!(parse_bandwidth("1.5MiB").is_err());
+        assert!(parse_bandwidth("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn fault_lists_parse_and_refuse_unknown_kinds() {
+        assert_eq!(
+            parse_faults("503,500,reset").unwrap(),
+            vec![
+                FaultKind::SlowDown,
+                FaultKind::InternalError,
+                FaultKind::Reset
+            ]
+        );
+        assert_eq!(
+            parse_faults("reset-before, reset-mid-body").unwrap(),
+            vec![FaultKind::ResetBeforeForwarding, FaultKind::ResetMidBody]
+        );
+        assert!(parse_faults("404").is_err());
+        assert!(parse_faults("").is_err());
+        assert!(parse_fault_rate("1.5").is_err());
+        assert!(parse_fault_rate("-0.1").is_err());
+        assert!(parse_fault_rate("NaN").is_err());
+        assert_eq!(parse_fault_rate("0.2").unwrap(), 0.2);
+    }
+
+    #[test]
+    fn updates_from_a_query_change_only_the_named_settings() {
+        let settings = Settings::default();
+        let update =
+            ConfigUpdate::from_query("fault_rate=0.2&delay_ms=0-0&bandwidth=0&faults=503%2Creset")
+                .unwrap();
+        let updated = update.apply_to(&settings).unwrap();
+        assert_eq!(updated.fault_rate, 0.2);
+        assert_eq!(updated.delay, DelayRange::NONE);
+        assert_eq!(updated.bandwidth_bytes_per_second, 0);
+        assert_eq!(updated.faults, vec![FaultKind::SlowDown, FaultKind::Reset]);
+
+        let only_rate = ConfigUpdate::from_query("fault_rate=1").unwrap();
+        let updated = only_rate.apply_to(&settings).unwrap();
+        assert_eq!(updated.delay, settings.delay);
+        assert_eq!(updated.faults, settings.faults);
+
+        assert!(ConfigUpdate::from_query("speed=fast").is_err());
+        assert!(ConfigUpdate::from_query("fault_rate=2").is_err());
+        assert!(ConfigUpdate::from_query("faults=%zz").is_err());
+    }
+
+    #[test]
+    fn settings_render_as_json() {
+        let settings = Settings {
+            delay: DelayRange::NONE,
+            bandwidth_bytes_per_second: 1024,
+            fault_rate: 0.5,
+            faults: vec![FaultKind::SlowDown, FaultKind::Reset],
+        };
+        assert_eq!(
+            settings.to_json(),
+            "{\"delay_ms\":\"0-0\",\"bandwidth_bytes_per_second\":1024,\"fault_rate\":0.5,\"faults\":[\"503\",\"reset\"]}"
+        );
+    }
+}
