@@ -13,8 +13,9 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use hydrant_proto::message::{
-    BatchGetRequest, BatchItem, GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry,
-    ListRequest, Message, ObjectInfo, ObjectName, PutRequest,
+    BatchGetRequest, BatchItem, FlushRequest, GetRequest, HelloRequest, HelloResponse, ListEntries,
+    ListEntry, ListRequest, Message, ObjectInfo, ObjectName, PrefetchRequest, PrefetchResult,
+    PutRequest, LIST_ENTRIES_MAX, PREFETCH_KEYS_MAX,
 };
 use hydrant_proto::{
     payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, StatusClass,
@@ -519,6 +520,86 @@ impl Client {
             ));
         }
         Ok(all)
+    }
+
+    /// Read objects of `bucket` under `prefix` through from the origin into the cache of the
+    /// node that owns each; returns (objects, bytes) warmed. With one node the node lists the
+    /// prefix itself; with several, the listing is split by owner.
+    pub fn prefetch(&mut self, bucket: &str, prefix: &str) -> Result<(u64, u64)> {
+        let mut groups: Vec<Vec<String>> = vec![Vec::new(); self.nodes.len()];
+        if self.nodes.len() > 1 {
+            let mut after: Option<String> = None;
+            loop {
+                let page = self.list(bucket, prefix, after.as_deref(), LIST_ENTRIES_MAX as u32)?;
+                let done = page.len() < LIST_ENTRIES_MAX;
+                after = page.last().map(|entry| entry.key.clone());
+                for entry in page {
+                    groups[node_for(&self.addresses, bucket, &entry.key)].push(entry.key);
+                }
+                if done {
+                    break;
+                }
+            }
+        }
+        let (mut objects, mut bytes) = (0, 0);
+        for (index, keys) in groups.into_iter().enumerate() {
+            if self.nodes.len() > 1 && keys.is_empty() {
+                continue;
+            }
+            let batches: Vec<Vec<String>> = if keys.is_empty() {
+                vec![Vec::new()]
+            } else {
+                keys.chunks(PREFETCH_KEYS_MAX)
+                    .map(<[String]>::to_vec)
+                    .collect()
+            };
+            for keys in batches {
+                let request = PrefetchRequest {
+                    bucket: bucket.to_string(),
+                    prefix: prefix.to_string(),
+                    keys,
+                };
+                let answer = self.long_call(index, Opcode::Prefetch, &request.encode(), None)?;
+                let warmed = PrefetchResult::decode(&answer.extension)?;
+                objects += warmed.objects;
+                bytes += warmed.bytes;
+            }
+        }
+        Ok((objects, bytes))
+    }
+
+    /// Wait until everything written to `bucket` under `prefix` (every bucket with `None`) is
+    /// durable at the origin, on every node, at most `timeout`.
+    pub fn flush(&mut self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
+        let request = FlushRequest {
+            bucket: bucket.map(str::to_string),
+            prefix: prefix.to_string(),
+            timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
+        };
+        for index in 0..self.nodes.len() {
+            self.long_call(index, Opcode::Flush, &request.encode(), Some(timeout))?;
+        }
+        Ok(())
+    }
+
+    /// A call that may take longer than the client's timeout (the server bounds it by
+    /// `server_bound`, or it is a long PREFETCH): the read timeout is lifted for it.
+    fn long_call(
+        &mut self,
+        index: usize,
+        opcode: Opcode,
+        extension: &[u8],
+        server_bound: Option<Duration>,
+    ) -> Result<Response> {
+        let timeout = self.timeout;
+        let node = self.ready(index)?;
+        let lifted = server_bound.map(|bound| bound + timeout);
+        node.stream.set_read_timeout(lifted)?;
+        let answer = node
+            .call(opcode, extension, &[])
+            .map_err(|error| annotate(&node.address, error));
+        node.stream.set_read_timeout(Some(timeout))?;
+        answer
     }
 
     pub fn ping(&mut self) -> Result<()> {

@@ -65,6 +65,16 @@ enum Command {
     Rm { object: String },
     /// Every server's metrics, in the Prometheus text format.
     Stats,
+    /// Read every object of BUCKET[/PREFIX] through from the origin into the cache.
+    Prefetch { path: String },
+    /// Wait until what was written to [BUCKET[/PREFIX]] (everything, without one) is at the
+    /// origin.
+    Flush {
+        path: Option<String>,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        wait: u64,
+    },
 }
 
 /// "BUCKET/KEY" into its parts; the key must not be empty.
@@ -182,6 +192,25 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
         Command::Rm { object } => {
             let (bucket, key) = split_object(object)?;
             connect()?.delete(bucket, key)?;
+        }
+        Command::Prefetch { path } => {
+            let (bucket, prefix) = path.split_once('/').unwrap_or((path.as_str(), ""));
+            let started = std::time::Instant::now();
+            let (objects, bytes) = connect()?.prefetch(bucket, prefix)?;
+            println!(
+                "warmed {objects} objects, {bytes} bytes, in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Command::Flush { path, wait } => {
+            let (bucket, prefix) = match path.as_deref() {
+                Some(path) => {
+                    let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+                    (Some(bucket), prefix)
+                }
+                None => (None, ""),
+            };
+            connect()?.flush(bucket, prefix, Duration::from_secs(*wait))?;
         }
     }
     Ok(())

@@ -412,14 +412,16 @@ impl Cache {
                     }
                 }
             };
-            let fetch = origins.run(remote::fetch(
-                origins.clone(),
-                route,
-                path,
-                range,
-                chunk_bytes,
-                condition,
-            ));
+            let fetch = move || {
+                origins.run(remote::fetch(
+                    origins.clone(),
+                    route,
+                    path,
+                    range,
+                    chunk_bytes,
+                    condition,
+                ))
+            };
             let admitted_reads = reads.clone();
             let admitted_key = key.clone();
             let admit = move |fetched: Rc<Fetch>| async move {
@@ -551,6 +553,13 @@ impl Cache {
         self.origin
             .as_ref()
             .map_or(0, |origin| origin.writes.pending_under(prefix))
+    }
+
+    /// Dirty keys not yet at the origin, all buckets.
+    pub fn pending_count(&self) -> usize {
+        self.origin
+            .as_ref()
+            .map_or(0, |origin| origin.writes.pending_count())
     }
 
     /// Wait until an upload finishes (or a short while), for FLUSH's polling.

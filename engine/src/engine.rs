@@ -875,7 +875,7 @@ impl EngineHandle {
                     pending += handle
                         .on_shard(shard, move |cache| async move {
                             if prefixes.is_empty() {
-                                return Ok(cache.store().dirty_objects().len());
+                                return Ok(cache.pending_count());
                             }
                             Ok(prefixes
                                 .iter()

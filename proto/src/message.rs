@@ -314,6 +314,115 @@ impl Message for ListRequest {
     }
 }
 
+/// Most keys one PREFETCH names.
+pub const PREFETCH_KEYS_MAX: usize = 10_000;
+
+/// PREFETCH: read `keys` of a bucket (or, when there are none, every key under `prefix`)
+/// through from the origin into the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefetchRequest {
+    pub bucket: String,
+    pub prefix: String,
+    pub keys: Vec<String>,
+}
+
+impl Message for PrefetchRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.prefix.as_bytes());
+        writer.u32(self.keys.len() as u32);
+        for key in &self.keys {
+            writer.bytes16(key.as_bytes());
+        }
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
+        check_bucket(bucket)?;
+        let prefix = reader
+            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
+            .to_string();
+        let count = reader.u32()? as usize;
+        if count > PREFETCH_KEYS_MAX {
+            return Err(ProtoError::Malformed(
+                "more than 10,000 keys in one PREFETCH",
+            ));
+        }
+        let mut keys = Vec::with_capacity(count.min(reader.remaining() / 2));
+        for _ in 0..count {
+            keys.push(
+                reader
+                    .text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?
+                    .to_string(),
+            );
+        }
+        Ok(PrefetchRequest {
+            bucket: bucket.to_string(),
+            prefix,
+            keys,
+        })
+    }
+}
+
+/// What a PREFETCH warmed: objects found and their bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchResult {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+impl Message for PrefetchResult {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u64(self.objects);
+        writer.u64(self.bytes);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(PrefetchResult {
+            objects: reader.u64()?,
+            bytes: reader.u64()?,
+        })
+    }
+}
+
+/// FLUSH: wait until everything written to `bucket` under `prefix` (every bucket when `bucket`
+/// is `None`) is durable at the origin, at most `timeout_ms` (then TIMEOUT).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlushRequest {
+    pub bucket: Option<String>,
+    pub prefix: String,
+    pub timeout_ms: u32,
+}
+
+impl Message for FlushRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_deref().unwrap_or_default().as_bytes());
+        writer.bytes16(self.prefix.as_bytes());
+        writer.u32(self.timeout_ms);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
+        let bucket = if bucket.is_empty() {
+            None
+        } else {
+            check_bucket(bucket)?;
+            Some(bucket.to_string())
+        };
+        let prefix = reader
+            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
+            .to_string();
+        if bucket.is_none() && !prefix.is_empty() {
+            return Err(ProtoError::Malformed("a FLUSH prefix needs a bucket"));
+        }
+        Ok(FlushRequest {
+            bucket,
+            prefix,
+            timeout_ms: reader.u32()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +444,35 @@ mod tests {
             proof: Some([9; PROOF_BYTES]),
         };
         assert_eq!(HelloRequest::decode(&hello.encode()), Ok(hello));
+        let prefetch = PrefetchRequest {
+            bucket: "datasets".into(),
+            prefix: "train/".into(),
+            keys: vec!["a".into(), "b/c".into()],
+        };
+        assert_eq!(PrefetchRequest::decode(&prefetch.encode()), Ok(prefetch));
+        let warmed = PrefetchResult {
+            objects: 3,
+            bytes: 1 << 40,
+        };
+        assert_eq!(PrefetchResult::decode(&warmed.encode()), Ok(warmed));
+        for bucket in [None, Some("ckpt".to_string())] {
+            let flush = FlushRequest {
+                prefix: if bucket.is_some() {
+                    "step-9/".into()
+                } else {
+                    String::new()
+                },
+                bucket,
+                timeout_ms: 60_000,
+            };
+            assert_eq!(FlushRequest::decode(&flush.encode()), Ok(flush));
+        }
+        let prefix_without_bucket = FlushRequest {
+            bucket: None,
+            prefix: "x".into(),
+            timeout_ms: 1,
+        };
+        assert!(FlushRequest::decode(&prefix_without_bucket.encode()).is_err());
         let answer = HelloResponse {
             version: 1,
             limits: Limits::default(),

@@ -19,13 +19,17 @@ use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
 
 use crate::metrics;
 use hydrant_proto::message::{
-    BatchGetRequest, BatchItem, GetRequest, HelloRequest, HelloResponse, ListEntries, ListEntry,
-    ListRequest, Message, ObjectInfo, ObjectName, PutRequest, LIST_ENTRIES_MAX,
+    BatchGetRequest, BatchItem, FlushRequest, GetRequest, HelloRequest, HelloResponse, ListEntries,
+    ListEntry, ListRequest, Message, ObjectInfo, ObjectName, PrefetchRequest, PrefetchResult,
+    PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
     payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
     PROTOCOL_VERSION,
 };
+
+/// Objects one PREFETCH reads from the origin at once.
+const PREFETCH_READS_IN_FLIGHT: usize = 16;
 
 /// Bytes asked of the kernel per receive: at least the first (so that an idle connection costs
 /// little), at most the second.
@@ -813,6 +817,33 @@ async fn respond(
                 })
                 .collect();
             Ok((Vec::new(), ListEntries { entries }.encode()))
+        }
+        Opcode::Prefetch => {
+            let request = PrefetchRequest::decode(extension).map_err(bad_request)?;
+            let (objects, bytes) = connection
+                .engine
+                .prefetch(
+                    &request.bucket,
+                    &request.prefix,
+                    request.keys,
+                    PREFETCH_READS_IN_FLIGHT,
+                )
+                .await
+                .map_err(engine_failure)?;
+            Ok((PrefetchResult { objects, bytes }.encode(), Vec::new()))
+        }
+        Opcode::Flush => {
+            let request = FlushRequest::decode(extension).map_err(bad_request)?;
+            connection
+                .engine
+                .flush(
+                    request.bucket.as_deref(),
+                    &request.prefix,
+                    Duration::from_millis(request.timeout_ms as u64),
+                )
+                .await
+                .map_err(engine_failure)?;
+            Ok((Vec::new(), Vec::new()))
         }
         other => Err((
             Status::Unsupported,

@@ -10,7 +10,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hydrant_engine::device::DeviceConfig;
-use hydrant_engine::EngineConfig;
+use hydrant_engine::origin;
+use hydrant_engine::{BucketOrigin, EngineConfig, OriginConfig};
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
@@ -45,6 +46,26 @@ struct Arguments {
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
     #[arg(long, env = "HYDRANT_METRICS")]
     metrics: Option<SocketAddr>,
+    /// The default origin: cache bucket B maps to URL/B/ (s3://bucket[/prefix], gs://...,
+    /// az://..., file:///path; `none`: buckets live on NVMe only). Default: the folder `origin`
+    /// beside the first data file.
+    #[arg(long, env = "HYDRANT_ORIGIN")]
+    origin: Option<String>,
+    /// A bucket with an origin of its own:
+    /// NAME=URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]. Repeatable.
+    #[arg(long = "bucket")]
+    bucket: Vec<String>,
+    /// Write mode of buckets on the default origin: back, through or read-only. Default back.
+    #[arg(long, env = "HYDRANT_WRITE")]
+    write: Option<String>,
+    /// Revalidation of buckets on the default origin: immutable or ttl=DURATION. Default
+    /// immutable.
+    #[arg(long, env = "HYDRANT_REVALIDATE")]
+    revalidate: Option<String>,
+    /// The dirty-byte budget: write-back PUTs wait (then get BUSY) above it, e.g. 4GiB.
+    /// Default: a quarter of the data devices, at most 4 GiB.
+    #[arg(long, env = "HYDRANT_DIRTY_BYTES_MAX")]
+    dirty_bytes_max: Option<String>,
 }
 
 /// The settings a `--config` file may hold.
@@ -57,6 +78,11 @@ struct ConfigFile {
     token_file: Option<PathBuf>,
     allow_remote_without_token: Option<bool>,
     metrics: Option<SocketAddr>,
+    origin: Option<String>,
+    bucket: Option<Vec<String>>,
+    write: Option<String>,
+    revalidate: Option<String>,
+    dirty_bytes_max: Option<String>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -84,14 +110,82 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.token_file = arguments.token_file.or(file.token_file);
     arguments.allow_remote_without_token |= file.allow_remote_without_token.unwrap_or(false);
     arguments.metrics = arguments.metrics.or(file.metrics);
+    arguments.origin = arguments.origin.or(file.origin);
+    if arguments.bucket.is_empty() {
+        arguments.bucket = file.bucket.unwrap_or_default();
+    }
+    arguments.write = arguments.write.or(file.write);
+    arguments.revalidate = arguments.revalidate.or(file.revalidate);
+    arguments.dirty_bytes_max = arguments.dirty_bytes_max.or(file.dirty_bytes_max);
     Ok(arguments)
 }
 
-/// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
-fn device(argument: &str) -> Result<DeviceConfig, String> {
-    let Some((path, size)) = argument.rsplit_once(':') else {
-        return Ok(DeviceConfig::new(PathBuf::from(argument)));
+/// The origins of `arguments`, checked; `devices` place the default local-folder origin and
+/// size the default dirty budget.
+fn origins(
+    arguments: &Arguments,
+    devices: &[DeviceConfig],
+) -> Result<Option<OriginConfig>, String> {
+    let mut config = OriginConfig::new();
+    let fail = |error: hydrant_engine::Error| error.to_string();
+    config.default_url = match arguments.origin.as_deref() {
+        Some("none") => None,
+        Some(url) => Some(url.to_string()),
+        None => {
+            let first = &devices[0].path;
+            let folder = first
+                .parent()
+                .filter(|parent| !parent.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .join("origin");
+            std::fs::create_dir_all(&folder)
+                .map_err(|error| format!("cannot create {}: {error}", folder.display()))?;
+            let absolute = folder
+                .canonicalize()
+                .map_err(|error| format!("{}: {error}", folder.display()))?;
+            Some(format!("file://{}", absolute.display()))
+        }
     };
+    if let Some(write) = &arguments.write {
+        config.default_write = origin::parse_write_mode(write).map_err(fail)?;
+    }
+    if let Some(revalidate) = &arguments.revalidate {
+        config.default_revalidate = origin::parse_revalidate(revalidate).map_err(fail)?;
+    }
+    let defaults = BucketOrigin {
+        url: String::new(),
+        write: config.default_write,
+        revalidate: config.default_revalidate,
+    };
+    for spec in &arguments.bucket {
+        let (name, origin) = spec.split_once('=').ok_or_else(|| {
+            format!("--bucket {spec}: expected NAME=URL[,write=...][,revalidate=...]")
+        })?;
+        let origin = BucketOrigin::parse(origin, &defaults)
+            .map_err(|error| format!("--bucket {spec}: {error}"))?;
+        config.buckets.insert(name.to_string(), origin);
+    }
+    let device_bytes: u64 = devices
+        .iter()
+        .map(|device| {
+            device
+                .create_bytes
+                .unwrap_or_else(|| std::fs::metadata(&device.path).map_or(0, |meta| meta.len()))
+        })
+        .sum();
+    config.dirty_bytes_max = match &arguments.dirty_bytes_max {
+        Some(text) => size_bytes(text).map_err(|error| format!("--dirty-bytes-max: {error}"))?,
+        None => (device_bytes / 4).clamp(64 << 20, 4 << 30),
+    };
+    config.dirty_bytes_low = config.dirty_bytes_max / 4 * 3;
+    if config.default_url.is_none() && config.buckets.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(config))
+}
+
+/// Bytes, with an optional KiB, MiB, GiB or TiB suffix.
+fn size_bytes(size: &str) -> Result<u64, String> {
     let units = [
         ("TiB", 1u64 << 40),
         ("GiB", 1 << 30),
@@ -103,13 +197,20 @@ fn device(argument: &str) -> Result<DeviceConfig, String> {
         .iter()
         .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
         .expect("the empty suffix always matches");
-    let number: u64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("--data {argument}: size {size:?} is not a number with an optional KiB/MiB/GiB/TiB suffix"))?;
-    let bytes = number
+    let number: u64 = number.trim().parse().map_err(|_| {
+        format!("size {size:?} is not a number with an optional KiB/MiB/GiB/TiB suffix")
+    })?;
+    number
         .checked_mul(unit)
-        .ok_or_else(|| format!("--data {argument}: size overflows"))?;
+        .ok_or_else(|| format!("size {size:?} overflows"))
+}
+
+/// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
+fn device(argument: &str) -> Result<DeviceConfig, String> {
+    let Some((path, size)) = argument.rsplit_once(':') else {
+        return Ok(DeviceConfig::new(PathBuf::from(argument)));
+    };
+    let bytes = size_bytes(size).map_err(|error| format!("--data {argument}: {error}"))?;
     Ok(DeviceConfig::create(PathBuf::from(path), bytes))
 }
 
@@ -181,6 +282,22 @@ fn main() -> ExitCode {
         let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
         engine.shards = Some(cores.min(fitting));
     }
+    engine.origins = match origins(&arguments, &devices) {
+        Ok(origins) => origins,
+        Err(error) => {
+            eprintln!("hydrant-server: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let origin_text = match &engine.origins {
+        Some(origins) => format!(
+            "; origin: {} ({} buckets of their own), dirty budget {} MiB",
+            origins.default_url.as_deref().unwrap_or("none"),
+            origins.buckets.len(),
+            origins.dirty_bytes_max >> 20
+        ),
+        None => "; no origin".to_string(),
+    };
     let token = match &arguments.token_file {
         Some(path) => match std::fs::read(path) {
             Ok(bytes) => Some(bytes.trim_ascii().to_vec()),
@@ -219,7 +336,7 @@ fn main() -> ExitCode {
         .map(|address| format!("; metrics on http://{address}/metrics"))
         .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; data: {}{metrics}",
+        "hydrant-server listening on {} with {} shards; data: {}{origin_text}{metrics}",
         server.address(),
         server.shard_count(),
         data.join(", ")

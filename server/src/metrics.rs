@@ -269,11 +269,82 @@ pub fn gather(
             })
         })
         .collect();
+    let origin = engine.origin_stats();
     async move {
         let mut shards = Vec::with_capacity(calls.len());
         for call in calls {
             shards.push(call.await?);
         }
-        Ok(render(&shards))
+        let mut text = render(&shards);
+        if let Some(origin) = origin {
+            text.push_str(&render_origin(&origin));
+        }
+        Ok(text)
     }
+}
+
+/// The origin traffic and the dirty budget (engine-wide, not per shard).
+pub fn render_origin(origin: &hydrant_engine::OriginStats) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP hydrant_origin_requests_total Requests sent to origins.\n# TYPE hydrant_origin_requests_total counter"
+    );
+    for (operation, count) in [
+        ("get", origin.gets),
+        ("head", origin.heads),
+        ("put", origin.puts),
+        ("list", origin.lists),
+        ("delete", origin.deletes),
+    ] {
+        let _ = writeln!(
+            out,
+            "hydrant_origin_requests_total{{operation=\"{operation}\"}} {count}"
+        );
+    }
+    let single: [(&str, &str, &str, u64); 6] = [
+        (
+            "hydrant_origin_errors_total",
+            "counter",
+            "Origin requests that failed.",
+            origin.errors,
+        ),
+        (
+            "hydrant_origin_received_bytes_total",
+            "counter",
+            "Bytes read from origins.",
+            origin.bytes_in,
+        ),
+        (
+            "hydrant_origin_sent_bytes_total",
+            "counter",
+            "Bytes uploaded to origins.",
+            origin.bytes_out,
+        ),
+        (
+            "hydrant_origin_upload_retries_total",
+            "counter",
+            "Upload attempts that failed and were retried.",
+            origin.uploads_retried,
+        ),
+        (
+            "hydrant_dirty_bytes",
+            "gauge",
+            "Bytes written here and not yet at the origin (budget taken).",
+            origin.dirty_bytes,
+        ),
+        (
+            "hydrant_dirty_bytes_max",
+            "gauge",
+            "The dirty-byte budget.",
+            origin.dirty_bytes_max,
+        ),
+    ];
+    for (name, kind, help, value) in single {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    out
 }

@@ -351,8 +351,9 @@ impl Origins {
         for bucket in buckets {
             origins.route(&bucket)?;
         }
-        if origins.config.default_url.is_some() {
-            origins.route("hydrant-check")?;
+        if let Some(url) = &origins.config.default_url {
+            let _context = origins.runtime().enter();
+            remote::open_store(url, &origins.config)?;
         }
         Ok(origins)
     }

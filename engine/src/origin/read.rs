@@ -36,8 +36,9 @@ type FlightOutcome = std::result::Result<Rc<Fetch>, (ErrorKind, String)>;
 /// size is not known yet.
 pub(crate) type FlightKey = (ObjectKey, u64);
 
-/// The chunk index of the read that discovers an object's size and ETag.
-pub(crate) const DISCOVER: u64 = u64::MAX;
+/// The flight of the read that discovers an object's size and ETag: its first chunk, the
+/// same bytes as chunk 0 of a known version, so the two share a flight.
+pub(crate) const DISCOVER: u64 = 0;
 
 pub(crate) struct Reads {
     known: RefCell<HashMap<ObjectKey, Known, foldhash::fast::RandomState>>,
@@ -127,14 +128,15 @@ impl Reads {
     /// `admit` with its answer) unless one is already running, in which case this waits for
     /// that one. The flight stays visible until `admit` finishes, so readers arriving while the
     /// data is being written to NVMe take it from memory instead of asking the origin again.
-    pub async fn coalesced<F, A, AdmitFuture>(
+    pub async fn coalesced<F, FetchFuture, A, AdmitFuture>(
         self: &Rc<Self>,
         flight: FlightKey,
         fetch: F,
         admit: A,
     ) -> Result<Rc<Fetch>>
     where
-        F: Future<Output = Result<Fetch>> + 'static,
+        F: FnOnce() -> FetchFuture,
+        FetchFuture: Future<Output = Result<Fetch>> + 'static,
         A: FnOnce(Rc<Fetch>) -> AdmitFuture + 'static,
         AdmitFuture: Future<Output = ()> + 'static,
     {
@@ -148,6 +150,8 @@ impl Reads {
                     .insert(flight.clone(), shared.clone());
                 let reads = self.clone();
                 let running = shared.clone();
+                // Started only here: a reader that joins a flight must not ask the origin.
+                let fetch = fetch();
                 // A task of its own: the flight completes even if the reader that started it
                 // goes away, so the readers waiting on it are always answered.
                 crate::rt::spawn(async move {

@@ -59,6 +59,11 @@ impl WriteBack {
             .count()
     }
 
+    /// Dirty keys not yet at the origin, all buckets.
+    pub fn pending_count(&self) -> usize {
+        self.pending.borrow().len()
+    }
+
     /// Dirty keys of `bucket` under `prefix`, after `start_after`, at most `limit`, in order.
     pub fn pending_keys(
         &self,

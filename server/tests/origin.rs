@@ -1,0 +1,732 @@
+//! Origins through the real S3 API: the `hydrant-server` process in front of a local
+//! S3-compatible server (moto's), reached through hydrant's fault-injecting proxy, which counts
+//! every origin request and can slow, throttle, fail or cut them.
+//!
+//! The S3 server: `HYDRANT_TEST_S3_ENDPOINT` (as .ci/run starts it), or else a `moto_server`
+//! started by the test. Each test uses buckets of its own.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hydrant_client::{Client, ClientError};
+use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle};
+use hydrant_proto::Status;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+
+const CHUNK_BYTES: u64 = 4 << 20;
+
+/// A local S3-compatible server: the one CI started, or one of our own.
+struct S3Server {
+    endpoint: String,
+    child: Option<Child>,
+}
+
+impl S3Server {
+    fn start() -> S3Server {
+        if let Ok(endpoint) = std::env::var("HYDRANT_TEST_S3_ENDPOINT") {
+            return S3Server {
+                endpoint: endpoint.trim_end_matches('/').to_string(),
+                child: None,
+            };
+        }
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("no S3 server: set HYDRANT_TEST_S3_ENDPOINT or install moto (pip install 'moto[server]')");
+        let address = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&address).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        S3Server {
+            endpoint: format!("http://{address}"),
+            child: Some(child),
+        }
+    }
+
+    fn address(&self) -> String {
+        self.endpoint.trim_start_matches("http://").to_string()
+    }
+
+    /// Create `bucket` (an unsigned PUT, which moto accepts).
+    fn create_bucket(&self, bucket: &str) {
+        let mut stream = TcpStream::connect(self.address()).unwrap();
+        write!(
+            stream,
+            "PUT /{bucket} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.address()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "create bucket: {answer}"
+        );
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A direct S3 client (not through hydrant, not through the proxy), to put objects into the
+/// origin and check what reached it.
+struct Origin {
+    store: AmazonS3,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Origin {
+    fn new(s3: &S3Server, bucket: &str) -> Origin {
+        s3.create_bucket(bucket);
+        let store = AmazonS3Builder::new()
+            .with_endpoint(&s3.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Origin { store, runtime }
+    }
+
+    fn put(&self, key: &str, data: &[u8]) {
+        let bytes = Bytes::copy_from_slice(data);
+        self.runtime
+            .block_on(self.store.put(&Path::from(key), PutPayload::from(bytes)))
+            .unwrap();
+    }
+
+    fn put_large(&self, key: &str, data: &[u8]) {
+        self.runtime.block_on(async {
+            let upload = self.store.put_multipart(&Path::from(key)).await.unwrap();
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+            writer.write(data);
+            writer.finish().await.unwrap();
+        });
+    }
+
+    fn get(&self, key: &str) -> Option<Vec<u8>> {
+        self.runtime.block_on(async {
+            match self.store.get(&Path::from(key)).await {
+                Ok(result) => Some(result.bytes().await.unwrap().to_vec()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(error) => panic!("origin get {key}: {error}"),
+            }
+        })
+    }
+}
+
+/// The proxy in front of the S3 server, without delay unless a test asks for one.
+fn proxy(s3: &S3Server) -> ProxyHandle {
+    let mut config = hydrant_fault_proxy::Config::new(s3.address());
+    config.settings.delay = DelayRange::NONE;
+    hydrant_fault_proxy::start(config).unwrap()
+}
+
+fn set_proxy(proxy: &ProxyHandle, query: &str) {
+    proxy
+        .set_config(ConfigUpdate::from_query(query).unwrap())
+        .unwrap();
+}
+
+struct ServerProcess {
+    child: Child,
+    address: String,
+    directory: PathBuf,
+    keep_directory: bool,
+}
+
+impl ServerProcess {
+    /// hydrant-server on `directory` with its origin reached through `proxy`.
+    fn start(directory: &PathBuf, proxy: &ProxyHandle, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_with_shards(directory, proxy, extra, 2)
+    }
+
+    fn start_with_shards(
+        directory: &PathBuf,
+        proxy: &ProxyHandle,
+        extra: &[&str],
+        shards: usize,
+    ) -> ServerProcess {
+        std::fs::create_dir_all(directory).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+            .args(["--listen", "127.0.0.1:0", "--shards", &shards.to_string()])
+            .arg("--data")
+            .arg(format!("{}:768MiB", directory.join("data.hyd").display()))
+            .args(["--origin", "none"])
+            .args(extra)
+            .env("AWS_ENDPOINT", format!("http://{}", proxy.addr()))
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start hydrant-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
+            .to_string();
+        ServerProcess {
+            child,
+            address,
+            directory: directory.clone(),
+            keep_directory: false,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(std::slice::from_ref(&self.address), Duration::from_secs(60)).unwrap()
+    }
+
+    fn kill(mut self) {
+        self.keep_directory = true;
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// A gauge or counter summed over the server's metrics.
+    fn metric(&self, name: &str) -> u64 {
+        let mut client = self.client();
+        let (_, text) = client.stats().unwrap().remove(0);
+        text.lines()
+            .filter(|line| line.split([' ', '{']).next() == Some(name))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !self.keep_directory {
+            let _ = std::fs::remove_dir_all(&self.directory);
+        }
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("origin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    directory
+}
+
+/// Deterministic bytes that differ per object and per offset.
+fn object_bytes(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut data = Vec::with_capacity(length + 8);
+    while data.len() < length {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        data.extend_from_slice(&state.to_le_bytes());
+    }
+    data.truncate(length);
+    data
+}
+
+fn status_of(error: &ClientError) -> Option<u8> {
+    match error {
+        ClientError::Status { status, .. } => Some(*status),
+        _ => None,
+    }
+}
+
+#[test]
+fn read_through_serves_origin_objects_once_and_coalesces_cold_readers() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "read-through");
+    let proxy = proxy(&s3);
+    let small: Vec<Vec<u8>> = (0..3).map(|index| object_bytes(index, 100_000)).collect();
+    for (index, data) in small.iter().enumerate() {
+        origin.put(&format!("small/{index}"), data);
+    }
+    let cold = object_bytes(99, 1 << 20);
+    origin.put("cold/one", &cold);
+    let server = ServerProcess::start(
+        &scratch("read-through"),
+        &proxy,
+        &["--bucket", "data=s3://read-through"],
+    );
+    let mut client = server.client();
+    for round in 0..2 {
+        for (index, data) in small.iter().enumerate() {
+            let (_, read) = client.get("data", &format!("small/{index}"), None).unwrap();
+            assert_eq!(&read, data, "round {round}, object {index}");
+        }
+    }
+    for index in 0..3 {
+        assert_eq!(
+            proxy
+                .stats()
+                .gets_of(&format!("/read-through/small/{index}")),
+            1,
+            "the second read of small/{index} is a hit"
+        );
+    }
+    assert!(client
+        .get("data", "small/missing", None)
+        .unwrap_err()
+        .is_not_found());
+    let listed: Vec<String> = client
+        .list("data", "small/", None, 100)
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.key)
+        .collect();
+    assert_eq!(listed, ["small/0", "small/1", "small/2"]);
+    let info = client.head("data", "cold/one").unwrap();
+    assert_eq!(info.object_bytes, 1 << 20);
+
+    // 100 readers of one cold object, all at once, behind an origin that takes 300 ms.
+    set_proxy(&proxy, "delay_ms=300-300");
+    let start = Arc::new(std::sync::Barrier::new(100));
+    let readers: Vec<_> = (0..100)
+        .map(|_| {
+            let address = server.address.clone();
+            let start = start.clone();
+            let expected = cold.clone();
+            std::thread::spawn(move || {
+                let mut client = Client::connect(&[address], Duration::from_secs(60)).unwrap();
+                start.wait();
+                let (_, read) = client.get("data", "cold/one", None).unwrap();
+                assert_eq!(read, expected);
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    assert_eq!(
+        proxy.stats().gets_of("/read-through/cold/one"),
+        1,
+        "100 concurrent readers of a cold object make one origin GET"
+    );
+}
+
+#[test]
+fn range_reads_of_a_large_object_cache_only_the_chunks_touched() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "ranges");
+    let proxy = proxy(&s3);
+    let large = object_bytes(7, 256 << 20);
+    origin.put_large("big", &large);
+    let server = ServerProcess::start(
+        &scratch("ranges"),
+        &proxy,
+        &["--bucket", "data=s3://ranges,revalidate=immutable"],
+    );
+    let mut client = server.client();
+    let stored_before = server.metric("hydrant_object_bytes");
+    // Inside chunk 10, and across the boundary of chunks 40 and 41.
+    let ranges = [
+        (10 * CHUNK_BYTES + 100, 10 * CHUNK_BYTES + 5_000),
+        (41 * CHUNK_BYTES - 1_000, 41 * CHUNK_BYTES + 1_000),
+    ];
+    for (start, end) in ranges {
+        let (info, read) = client.get("data", "big", Some((start, Some(end)))).unwrap();
+        assert_eq!(info.object_bytes, 256 << 20);
+        assert_eq!(read, &large[start as usize..end as usize]);
+    }
+    let gets_after_first = proxy.stats().gets_of("/ranges/big");
+    // The first chunk (which told the size), chunk 10, chunks 40 and 41, and perhaps the chunks
+    // read ahead after 41: never the whole object.
+    assert!(
+        (4..=6).contains(&gets_after_first),
+        "{gets_after_first} origin GETs"
+    );
+    std::thread::sleep(Duration::from_millis(500)); // let admission finish
+    let stored = server.metric("hydrant_object_bytes") - stored_before;
+    assert!(
+        (4 * CHUNK_BYTES..=6 * CHUNK_BYTES).contains(&stored),
+        "{stored} bytes cached for four chunks touched (plus readahead)"
+    );
+    for (start, end) in ranges {
+        let (_, read) = client.get("data", "big", Some((start, Some(end)))).unwrap();
+        assert_eq!(read, &large[start as usize..end as usize]);
+    }
+    assert_eq!(
+        proxy.stats().gets_of("/ranges/big"),
+        gets_after_first,
+        "the second read of the same ranges is served from NVMe"
+    );
+}
+
+#[test]
+fn revalidation_follows_each_buckets_rule() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "revalidate");
+    let proxy = proxy(&s3);
+    origin.put("ttl/object", b"first version");
+    origin.put("immutable/object", b"first version");
+    let server = ServerProcess::start(
+        &scratch("revalidate"),
+        &proxy,
+        &[
+            "--bucket",
+            "fresh=s3://revalidate/ttl,revalidate=ttl=2s",
+            "--bucket",
+            "fixed=s3://revalidate/immutable,revalidate=immutable",
+        ],
+    );
+    let mut client = server.client();
+    for bucket in ["fresh", "fixed"] {
+        assert_eq!(
+            client.get(bucket, "object", None).unwrap().1,
+            b"first version"
+        );
+    }
+    let started = Instant::now();
+    origin.put("ttl/object", b"second version");
+    origin.put("immutable/object", b"second version");
+    let immutable_gets = proxy.stats().gets_of("/revalidate/immutable/object");
+    // Before the TTL: the cached copy.
+    assert_eq!(
+        client.get("fresh", "object", None).unwrap().1,
+        b"first version"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the test itself was too slow"
+    );
+    std::thread::sleep(Duration::from_millis(2_200));
+    assert_eq!(
+        client.get("fresh", "object", None).unwrap().1,
+        b"second version"
+    );
+    assert_eq!(
+        client.get("fresh", "object", None).unwrap().1,
+        b"second version"
+    );
+    assert_eq!(
+        client.get("fixed", "object", None).unwrap().1,
+        b"first version"
+    );
+    assert_eq!(
+        proxy.stats().gets_of("/revalidate/immutable/object"),
+        immutable_gets,
+        "an immutable bucket never asks the origin again"
+    );
+    // After another TTL with no change, the conditional GET keeps the copy (304).
+    std::thread::sleep(Duration::from_millis(2_200));
+    let before = proxy.stats().gets_of("/revalidate/ttl/object");
+    assert_eq!(
+        client.get("fresh", "object", None).unwrap().1,
+        b"second version"
+    );
+    assert_eq!(proxy.stats().gets_of("/revalidate/ttl/object"), before + 1);
+}
+
+#[test]
+fn write_back_write_through_multipart_and_read_only() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "writes");
+    let proxy = proxy(&s3);
+    // One shard, so that a 100 MiB object fits beside the others in 768 MiB.
+    let server = ServerProcess::start_with_shards(
+        &scratch("writes"),
+        &proxy,
+        &[
+            "--bucket",
+            "back=s3://writes/back,write=back",
+            "--bucket",
+            "through=s3://writes/through,write=through",
+            "--bucket",
+            "frozen=s3://writes/frozen,write=read-only",
+        ],
+        1,
+    );
+    let mut client = server.client();
+    // Write-through: at the origin as soon as the PUT is answered.
+    let data = object_bytes(1, 300_000);
+    client.put("through", "a", &data).unwrap();
+    assert_eq!(origin.get("through/a").as_deref(), Some(&data[..]));
+    // Write-back: acknowledged from NVMe, at the origin after FLUSH.
+    let objects: Vec<Vec<u8>> = (0..10)
+        .map(|index| object_bytes(100 + index, 50_000))
+        .collect();
+    for (index, data) in objects.iter().enumerate() {
+        let info = client
+            .put("back", &format!("step-1/{index}"), data)
+            .unwrap();
+        assert!(info.dirty);
+    }
+    // LIST shows dirty objects even before they reach the origin.
+    assert_eq!(client.list("back", "step-1/", None, 100).unwrap().len(), 10);
+    client
+        .flush(Some("back"), "step-1/", Duration::from_secs(60))
+        .unwrap();
+    for (index, data) in objects.iter().enumerate() {
+        assert_eq!(
+            origin.get(&format!("back/step-1/{index}")).as_deref(),
+            Some(&data[..])
+        );
+    }
+    assert!(!client.head("back", "step-1/0").unwrap().dirty);
+    // A 100 MiB object goes up in parts.
+    let posts_before = proxy.stats().method(Method::Post).requests;
+    let big = object_bytes(5, 100 << 20);
+    client.put("back", "checkpoint.bin", &big).unwrap();
+    client.flush(None, "", Duration::from_secs(120)).unwrap();
+    assert!(
+        proxy.stats().method(Method::Post).requests >= posts_before + 2,
+        "a multipart upload starts and completes with POSTs"
+    );
+    assert!(origin.get("back/checkpoint.bin").unwrap() == big);
+    // Read-only: refused, nothing stored.
+    let error = client.put("frozen", "x", b"no").unwrap_err();
+    assert_eq!(status_of(&error), Some(Status::ReadOnly as u8), "{error}");
+    assert!(origin.get("frozen/x").is_none());
+    // DELETE reaches the origin.
+    client.delete("through", "a").unwrap();
+    assert!(origin.get("through/a").is_none());
+}
+
+#[test]
+fn a_crash_during_uploads_loses_nothing_acknowledged() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "crash");
+    let proxy = proxy(&s3);
+    // A slow origin, so that uploads are in flight when the server dies.
+    set_proxy(&proxy, "delay_ms=200-400&bandwidth=2MiB");
+    let directory = scratch("crash");
+    let arguments = ["--bucket", "ckpt=s3://crash,write=back"];
+    let server = ServerProcess::start(&directory, &proxy, &arguments);
+    let mut client = server.client();
+    let objects: Vec<Vec<u8>> = (0..24)
+        .map(|index| object_bytes(1000 + index, 200_000 + index as usize * 1000))
+        .collect();
+    for (index, data) in objects.iter().enumerate() {
+        client.put("ckpt", &format!("shard-{index}"), data).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let uploaded_before_crash = (0..objects.len())
+        .filter(|index| origin.get(&format!("shard-{index}")).is_some())
+        .count();
+    server.kill();
+    assert!(
+        uploaded_before_crash < objects.len(),
+        "the crash came after every upload; slow the origin more"
+    );
+    set_proxy(&proxy, "delay_ms=0-0&bandwidth=0");
+    let restarted = ServerProcess::start(&directory, &proxy, &arguments);
+    restarted
+        .client()
+        .flush(None, "", Duration::from_secs(120))
+        .unwrap();
+    for (index, data) in objects.iter().enumerate() {
+        assert_eq!(
+            origin.get(&format!("shard-{index}")).as_deref(),
+            Some(&data[..]),
+            "acknowledged object shard-{index} reached the origin byte-exact"
+        );
+    }
+}
+
+#[test]
+fn origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "faults");
+    let proxy = proxy(&s3);
+    let readable: Vec<Vec<u8>> = (0..40)
+        .map(|index| object_bytes(200 + index, 20_000))
+        .collect();
+    for (index, data) in readable.iter().enumerate() {
+        origin.put(&format!("in/{index}"), data);
+    }
+    let server = ServerProcess::start(
+        &scratch("faults"),
+        &proxy,
+        &["--bucket", "data=s3://faults,write=back"],
+    );
+    let mut client = server.client();
+    set_proxy(&proxy, "fault_rate=0.2&faults=503,reset");
+    let written: Vec<Vec<u8>> = (0..40)
+        .map(|index| object_bytes(300 + index, 30_000))
+        .collect();
+    for (index, data) in written.iter().enumerate() {
+        client.put("data", &format!("out/{index}"), data).unwrap();
+    }
+    let (mut correct, mut refused) = (0, 0);
+    for (index, data) in readable.iter().enumerate() {
+        match client.get("data", &format!("in/{index}"), None) {
+            Ok((_, read)) => {
+                assert_eq!(&read, data, "a read under faults is correct or an error");
+                correct += 1;
+            }
+            Err(error) => {
+                assert_eq!(
+                    status_of(&error),
+                    Some(Status::OriginUnavailable as u8),
+                    "{error}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(proxy.stats().total.faulted > 0, "faults were injected");
+    assert!(correct > 0, "{refused} reads refused, none served");
+    client.flush(None, "", Duration::from_secs(120)).unwrap();
+    set_proxy(&proxy, "fault_rate=0");
+    for (index, data) in written.iter().enumerate() {
+        assert_eq!(
+            origin.get(&format!("out/{index}")).as_deref(),
+            Some(&data[..]),
+            "out/{index}"
+        );
+    }
+}
+
+#[test]
+fn with_the_origin_down_hits_are_served_misses_fail_clearly_and_writes_wait() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "down");
+    let proxy = proxy(&s3);
+    origin.put("cached", b"warm bytes");
+    origin.put("uncached", b"cold bytes");
+    let server = ServerProcess::start(
+        &scratch("down"),
+        &proxy,
+        &["--bucket", "data=s3://down,write=back"],
+    );
+    let mut client = server.client();
+    assert_eq!(client.get("data", "cached", None).unwrap().1, b"warm bytes");
+    set_proxy(&proxy, "fault_rate=1&faults=503");
+    assert_eq!(client.get("data", "cached", None).unwrap().1, b"warm bytes");
+    let error = client.get("data", "uncached", None).unwrap_err();
+    assert_eq!(
+        status_of(&error),
+        Some(Status::OriginUnavailable as u8),
+        "{error}"
+    );
+    assert!(error.is_retriable());
+    client
+        .put("data", "written", b"waits for the origin")
+        .unwrap();
+    let error = client
+        .flush(Some("data"), "", Duration::from_millis(1_500))
+        .unwrap_err();
+    assert_eq!(status_of(&error), Some(Status::Timeout as u8), "{error}");
+    assert!(origin.get("written").is_none());
+    set_proxy(&proxy, "fault_rate=0");
+    client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(
+        origin.get("written").as_deref(),
+        Some(&b"waits for the origin"[..])
+    );
+}
+
+#[test]
+fn backpressure_keeps_dirty_bytes_within_the_budget() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "pressure");
+    let proxy = proxy(&s3);
+    set_proxy(&proxy, "bandwidth=10MiB");
+    const BUDGET: u64 = 32 << 20;
+    const OBJECT: usize = 1 << 20;
+    const OBJECTS: u64 = 128;
+    let server = ServerProcess::start(
+        &scratch("pressure"),
+        &proxy,
+        &[
+            "--bucket",
+            "data=s3://pressure,write=back",
+            "--dirty-bytes-max",
+            "32MiB",
+        ],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let highest = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let stop = stop.clone();
+        let highest = highest.clone();
+        let address = server.address.clone();
+        std::thread::spawn(move || {
+            let mut client = Client::connect(&[address], Duration::from_secs(60)).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let (_, text) = client.stats().unwrap().remove(0);
+                let dirty = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("hydrant_dirty_bytes "))
+                    .and_then(|value| value.trim().parse::<u64>().ok())
+                    .expect("the dirty gauge is exported");
+                highest.fetch_max(dirty, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let mut client = server.client();
+    let mut busy = 0;
+    for index in 0..OBJECTS {
+        let data = object_bytes(index, OBJECT);
+        loop {
+            match client.put("data", &format!("part-{index}"), &data) {
+                Ok(_) => break,
+                Err(error) if status_of(&error) == Some(Status::Busy as u8) => busy += 1,
+                Err(error) => panic!("put part-{index}: {error}"),
+            }
+        }
+    }
+    client.flush(None, "", Duration::from_secs(120)).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let highest = highest.load(Ordering::Relaxed);
+    assert!(
+        highest <= BUDGET,
+        "dirty bytes reached {highest}, above {BUDGET}"
+    );
+    assert!(
+        highest >= BUDGET / 2,
+        "the writer never filled the budget ({highest})"
+    );
+    for index in (0..OBJECTS).step_by(9) {
+        assert_eq!(
+            origin.get(&format!("part-{index}")).unwrap(),
+            object_bytes(index, OBJECT),
+            "part-{index}"
+        );
+    }
+    eprintln!("{busy} PUTs were answered BUSY and retried; dirty bytes peaked at {highest}");
+}
