@@ -4,11 +4,13 @@
 //! - `engine`: the engine's 4 KiB random reads and 1 MiB sequential reads against fio on the
 //!   same file, alternating rounds, medians and ratios.
 //! - `index-memory`: the DRAM the index costs per stored object, counted by the allocator.
+//! - `origin`: hydrant in front of an S3 origin at S3's latency vs the origin used directly.
 //! - `demo`: the engine on its embedded defaults, for a first look.
 
 mod alloc_counter;
 mod engine_bench;
 mod fio;
+mod origin_bench;
 mod server_bench;
 
 use std::path::PathBuf;
@@ -38,6 +40,9 @@ enum Command {
     IndexMemory(engine_bench::IndexMemoryArgs),
     /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
     Server(server_bench::ServerArgs),
+    /// hydrant in front of a slow S3 origin vs the origin directly: a checkpoint burst in
+    /// write-back, and a dataset read by several loaders, cold and warm.
+    Origin(origin_bench::OriginArgs),
     /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
     Demo {
         /// The data file (created with 1 GiB if absent).
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
         Command::Engine(args) => engine_bench::engine(args),
         Command::IndexMemory(args) => engine_bench::index_memory(args),
         Command::Server(args) => server_bench::server(args),
+        Command::Origin(args) => origin_bench::origin(args),
         Command::Demo { path } => engine_bench::demo(&path),
     };
     match result {
