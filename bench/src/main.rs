@@ -5,11 +5,16 @@
 //!   same file, alternating rounds, medians and ratios.
 //! - `index-memory`: the DRAM the index costs per stored object, counted by the allocator.
 //! - `demo`: the engine on its embedded defaults, for a first look.
+//! - `trace`: eviction policies replaying a cache trace, miss ratios side by side.
+//! - `policy-ops`: eviction policies' operations per second on one core.
 
 mod alloc_counter;
 mod engine_bench;
 mod fio;
+mod plot;
+mod policy_bench;
 mod server_bench;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +43,10 @@ enum Command {
     IndexMemory(engine_bench::IndexMemoryArgs),
     /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
     Server(server_bench::ServerArgs),
+    /// Replay a cache trace through each eviction policy at each size: miss ratios side by side.
+    Trace(policy_bench::TraceArgs),
+    /// Eviction policies' hits and misses per second on one core.
+    PolicyOps(policy_bench::PolicyOpsArgs),
     /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
     Demo {
         /// The data file (created with 1 GiB if absent).
@@ -53,6 +62,8 @@ fn main() -> ExitCode {
         Command::IndexMemory(args) => engine_bench::index_memory(args),
         Command::Server(args) => server_bench::server(args),
         Command::Demo { path } => engine_bench::demo(&path),
+        Command::Trace(args) => policy_bench::trace(args),
+        Command::PolicyOps(args) => policy_bench::policy_ops(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
