@@ -21,6 +21,7 @@
 
 mod climber;
 mod fifo;
+mod ghost;
 mod lru;
 mod random;
 mod s3fifo;

@@ -5,8 +5,7 @@
 //! CLOCK with a two-bit counter: a tail object with a count is reinserted at the head with the
 //! count lowered, one without is evicted.
 
-use std::collections::{HashMap, VecDeque};
-
+use super::ghost::Ghost;
 use super::table::{QueueId, Table, PINNED};
 use super::{Access, Capacity, EvictionPolicy};
 
@@ -45,7 +44,7 @@ impl S3Fifo {
         }
         let queue = if pinned {
             PINNED
-        } else if self.ghost.remove(key) {
+        } else if self.ghost.remove(key).is_some() {
             MAIN
         } else if charge > self.small_capacity {
             // An object larger than the small queue would flush it whole; like libCacheSim's
@@ -62,15 +61,16 @@ impl S3Fifo {
         Access::MissAdmitted
     }
 
-    /// Evicts one object: from the small queue while it holds its share or more (or the main
-    /// queue is empty), else from the main queue.
+    /// Evicts one object: from the main queue when it holds more than its share (objects promoted
+    /// from the small queue push it over) or the small queue is empty, else from the small queue.
     fn evict_one(&mut self, evicted: &mut Vec<u64>) {
-        let small_full = self.table.queue_used(SMALL) >= self.small_capacity;
-        let main_empty = self.table.queue_objects(MAIN) == 0;
-        if (small_full || main_empty) && self.evict_small(evicted) {
-            return;
+        let main_capacity =
+            self.table.capacity_units() - self.small_capacity.min(self.table.capacity_units());
+        let main_over = self.table.queue_used(MAIN) > main_capacity;
+        let small_empty = self.table.queue_objects(SMALL) == 0;
+        if main_over || small_empty || !self.evict_small(evicted) {
+            self.evict_main(evicted);
         }
-        self.evict_main(evicted);
     }
 
     /// Walks the small queue's tail: accessed objects move to the main queue, the first object
@@ -83,7 +83,7 @@ impl S3Fifo {
                 self.table.entry_mut(slot).frequency = 0;
             } else {
                 let charge = self.table.charge(entry.size_bytes);
-                self.ghost.insert(entry.key, charge);
+                self.ghost.insert(entry.key, charge, SMALL);
                 self.table.evict(slot, evicted);
                 return true;
             }
@@ -164,54 +164,5 @@ impl EvictionPolicy for S3Fifo {
 
     fn used_bytes(&self) -> u64 {
         self.table.used_bytes()
-    }
-}
-
-/// Keys recently evicted from the small queue, oldest first, up to a capacity in the cache's
-/// unit. A key found in the ghost is forgotten at once; its place in the queue stays (and
-/// counts) until it reaches the front, which keeps removal O(1) and the queue bounded.
-struct Ghost {
-    capacity: u64,
-    used: u64,
-    /// (key, charge, sequence number) in insertion order.
-    queue: VecDeque<(u64, u64, u64)>,
-    /// Key → the sequence number of its live place in `queue`.
-    live: HashMap<u64, u64, foldhash::fast::RandomState>,
-    next_sequence: u64,
-}
-
-impl Ghost {
-    fn new(capacity: u64) -> Ghost {
-        Ghost {
-            capacity,
-            used: 0,
-            queue: VecDeque::new(),
-            live: HashMap::default(),
-            next_sequence: 0,
-        }
-    }
-
-    fn insert(&mut self, key: u64, charge: u64) {
-        if charge > self.capacity {
-            return;
-        }
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        self.queue.push_back((key, charge, sequence));
-        self.live.insert(key, sequence);
-        self.used += charge;
-        while self.used > self.capacity {
-            let (old_key, old_charge, old_sequence) =
-                self.queue.pop_front().expect("used > 0 means a queued key");
-            self.used -= old_charge;
-            if self.live.get(&old_key) == Some(&old_sequence) {
-                self.live.remove(&old_key);
-            }
-        }
-    }
-
-    /// Forgets `key`; returns whether it was remembered.
-    fn remove(&mut self, key: u64) -> bool {
-        self.live.remove(&key).is_some()
     }
 }

@@ -21,8 +21,10 @@ pub const SAMPLE_SIZE_PER_OBJECT: u64 = 10;
 const DOORKEEPER_BITS_PER_OBJECT: u64 = 16;
 /// Bits the doorkeeper sets per key.
 const DOORKEEPER_PROBES: u32 = 2;
-/// The smallest population sized for, so that a tiny cache still has a useful sketch.
-const EXPECTED_OBJECTS_MIN: u64 = 16;
+/// The smallest population sized for. A tiny cache still sees many distinct keys: with fewer
+/// counters they collide, and with a shorter period the counts never rise above noise (a
+/// 10-object cache on a Zipf trace of 1,000 keys lost 3 points of hit ratio at 16).
+const EXPECTED_OBJECTS_MIN: u64 = 64;
 /// Each 64-bit word holds 16 counters of 4 bits.
 const COUNTERS_PER_WORD: u64 = 16;
 /// Clears the high bit of every 4-bit counter after a shift right: halving all 16 at once.
@@ -54,10 +56,10 @@ impl FrequencySketch {
     }
 
     /// Grows the sketch for a larger population (a byte-sized cache learns its population as it
-    /// fills). Growing forgets all counts; it happens a logarithmic number of times.
+    /// fills). Growing forgets all counts, so it goes in doublings: a logarithmic number of times.
     pub fn ensure_capacity(&mut self, expected_objects: u64) {
         if expected_objects > self.expected_objects {
-            self.resize(expected_objects);
+            self.resize(expected_objects.max(self.expected_objects * 2));
         }
     }
 
@@ -230,6 +232,21 @@ mod tests {
         assert_eq!(sketch.counter_estimate(9), COUNTER_MAX);
         sketch.increment(1);
         assert_eq!(sketch.counter_estimate(9), COUNTER_MAX / 2);
+    }
+
+    #[test]
+    fn growing_by_one_object_does_not_forget_every_time() {
+        let mut sketch = FrequencySketch::new(64, 1);
+        sketch.ensure_capacity(65);
+        assert_eq!(sketch.expected_objects(), 128);
+        for _ in 0..4 {
+            sketch.increment(3);
+        }
+        for population in 66..=128 {
+            sketch.ensure_capacity(population);
+        }
+        assert_eq!(sketch.counter_estimate(3), 3);
+        assert_eq!(sketch.sample_size(), 128 * SAMPLE_SIZE_PER_OBJECT);
     }
 
     #[test]

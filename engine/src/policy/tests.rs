@@ -257,13 +257,15 @@ fn pinned_objects_are_never_evicted_and_unpinned_ones_can_be() {
         for key in 0..4 {
             assert!(policy.set_pinned(key, false), "{kind}");
         }
-        // Newcomers read a few times each, so that hydrant's filter finds them worth admitting.
-        for key in 1_000..1_100 {
-            for _ in 0..3 {
+        // A new working set of eight read over and over (so that hydrant's filter finds it worth
+        // admitting once the old one's counts have aged) leaves room for two of the four.
+        for _ in 0..100 {
+            for key in 1_000..1_008 {
                 policy.access(key, 1, &mut evicted);
             }
         }
-        assert!((0..4).all(|key| !policy.contains(key)), "{kind}");
+        let unpinned_evicted = (0..4).filter(|&key| !policy.contains(key)).count();
+        assert!(unpinned_evicted >= 2, "{kind}: {unpinned_evicted} evicted");
     }
 }
 
