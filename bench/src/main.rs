@@ -6,12 +6,17 @@
 //! - `index-memory`: the DRAM the index costs per stored object, counted by the allocator.
 //! - `origin`: hydrant in front of an S3 origin at S3's latency vs the origin used directly.
 //! - `demo`: the engine on its embedded defaults, for a first look.
+//! - `trace`: eviction policies replaying a cache trace, miss ratios side by side.
+//! - `policy-ops`: eviction policies' operations per second on one core.
 
 mod alloc_counter;
 mod engine_bench;
 mod fio;
 mod origin_bench;
+mod plot;
+mod policy_bench;
 mod server_bench;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +48,10 @@ enum Command {
     /// hydrant in front of a slow S3 origin vs the origin directly: a checkpoint burst in
     /// write-back, and a dataset read by several loaders, cold and warm.
     Origin(origin_bench::OriginArgs),
+    /// Replay a cache trace through each eviction policy at each size: miss ratios side by side.
+    Trace(policy_bench::TraceArgs),
+    /// Eviction policies' hits and misses per second on one core.
+    PolicyOps(policy_bench::PolicyOpsArgs),
     /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
     Demo {
         /// The data file (created with 1 GiB if absent).
@@ -59,6 +68,8 @@ fn main() -> ExitCode {
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),
         Command::Demo { path } => engine_bench::demo(&path),
+        Command::Trace(args) => policy_bench::trace(args),
+        Command::PolicyOps(args) => policy_bench::policy_ops(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
-use hydrant_engine::{BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode};
+use hydrant_engine::{
+    BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
+};
 use hydrant_fault_proxy::{DelayRange, ProxyHandle};
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
@@ -138,7 +140,8 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
     create_bucket(&args.s3, &bucket)?;
     let mut config = hydrant_fault_proxy::Config::new(args.s3.clone());
     config.settings.delay = DelayRange::parse(&args.delay_ms).map_err(|error| error.message)?;
-    let proxy: ProxyHandle = hydrant_fault_proxy::start(config).map_err(|error| error.to_string())?;
+    let proxy: ProxyHandle =
+        hydrant_fault_proxy::start(config).map_err(|error| error.to_string())?;
     let endpoint = format!("http://{}", proxy.addr());
     // The server's origin client reads the standard AWS variables, as in production.
     for (name, value) in [

@@ -2,8 +2,8 @@
 //!
 //! One shard per core, each with its own io_uring ring ([`rt`]), pinned buffer arena ([`buf`]),
 //! share of every device ([`device`]), log-structured regions and index ([`store`]) in the
-//! on-disk [`format`]. [`Engine`] is the front door: it routes each call to the shard that owns
-//! the key and returns the answer to any thread.
+//! on-disk [`format`]; [`policy`] decides which objects a tier keeps. [`Engine`] is the front
+//! door: it routes each call to the shard that owns the key and returns the answer to any thread.
 
 pub mod buf;
 mod cache;
@@ -11,6 +11,7 @@ pub mod device;
 mod error;
 pub mod format;
 pub mod origin;
+pub mod policy;
 pub mod rt;
 
 pub use error::{Error, ErrorKind, Result};
