@@ -5,7 +5,14 @@
 //! admitted to the store. Objects up to the chunk size are cached whole under their own key;
 //! larger ones chunk by chunk under chunk keys tied to the origin version, so a range read
 //! caches only the chunks it touched. Writes follow the bucket's write mode.
+//!
+//! Writes of a key by clients, and admissions of origin data under that key, take the key's
+//! lock in turn; an admission writes only if the key's stored version is still the one it saw
+//! when its origin read started, so origin data never replaces a newer write or resurrects a
+//! deleted object.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -15,6 +22,7 @@ use crate::origin::read::{version_tag, Reads, DISCOVER};
 use crate::origin::remote::{self, Condition, Fetch};
 use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
+use crate::rt::sync::WaitQueue;
 use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, Store};
 use crate::{Error, ErrorKind, Result};
 
@@ -22,6 +30,8 @@ use crate::{Error, ErrorKind, Result};
 const READ_ATTEMPTS_MAX: usize = 3;
 /// Chunks read ahead of a sequential reader of a large origin object.
 const READAHEAD_CHUNKS: u64 = 2;
+/// The most bytes one read through from the origin returns (it is held in memory whole).
+pub const ORIGIN_READ_BYTES_MAX: u64 = 1 << 30;
 
 /// An answer to a get.
 pub struct CacheRead {
@@ -44,9 +54,47 @@ pub(crate) struct ShardOrigin {
     pub writes: WriteBack,
 }
 
+/// Per-key mutual exclusion among a shard's tasks (no data inside).
+#[derive(Default)]
+pub(crate) struct KeyLocks {
+    held: RefCell<HashSet<ObjectKey>>,
+    released: WaitQueue,
+}
+
+pub(crate) struct KeyGuard {
+    locks: Rc<KeyLocks>,
+    key: ObjectKey,
+}
+
+impl KeyLocks {
+    pub async fn lock(self: &Rc<Self>, key: &ObjectKey) -> KeyGuard {
+        while self.held.borrow().contains(key) {
+            self.released.wait().await;
+        }
+        self.held.borrow_mut().insert(key.clone());
+        KeyGuard {
+            locks: self.clone(),
+            key: key.clone(),
+        }
+    }
+}
+
+impl Drop for KeyGuard {
+    fn drop(&mut self) {
+        self.locks.held.borrow_mut().remove(&self.key);
+        self.locks.released.wake_all();
+    }
+}
+
+/// The version of a key on NVMe (its seq), or `None`: what an admission checks is unchanged.
+fn stored_seq(store: &Store, key: &ObjectKey) -> Option<u64> {
+    store.head(key).map(|meta| meta.seq)
+}
+
 pub struct Cache {
     store: Rc<Store>,
     origin: Option<ShardOrigin>,
+    locks: Rc<KeyLocks>,
 }
 
 impl Cache {
@@ -58,7 +106,11 @@ impl Cache {
             writes: WriteBack::default(),
             origins,
         });
-        let cache = Rc::new(Cache { store, origin });
+        let cache = Rc::new(Cache {
+            store,
+            origin,
+            locks: Rc::default(),
+        });
         if let Some(origin) = &cache.origin {
             let recovered = cache.store.dirty_objects();
             if !recovered.is_empty() {
@@ -70,7 +122,12 @@ impl Cache {
             }
             for (key, seq, bytes) in recovered {
                 origin.origins.add_recovered_dirty(bytes);
-                origin.writes.enqueue(Upload { key, seq, bytes });
+                origin.writes.enqueue(Upload {
+                    key,
+                    seq,
+                    bytes,
+                    attempts: 0,
+                });
             }
             crate::rt::spawn(crate::origin::writeback::upload_loop(cache.clone()));
         }
@@ -100,6 +157,10 @@ impl Cache {
             .map(|route| (origin, route)))
     }
 
+    fn chunk_bytes(&self) -> u64 {
+        self.store.geometry().chunk_bytes as u64
+    }
+
     // ----- reads -----
 
     /// The object (whole, or `range`), from NVMe or through it from the origin. `None` when
@@ -115,24 +176,23 @@ impl Cache {
         for _ in 0..READ_ATTEMPTS_MAX {
             if let Some(meta) = self.store.head(key) {
                 let current = meta.dirty
-                    || origin.reads.fresh(key, route.revalidate).is_some()
-                    || route.revalidate == Revalidate::Immutable;
+                    || route.revalidate == Revalidate::Immutable
+                    || origin.reads.fresh(key, route.revalidate).is_some();
+                let current = current
+                    || match self
+                        .revalidate(origin, &route, key, meta.seq, range)
+                        .await?
+                    {
+                        Revalidated::Current => true,
+                        Revalidated::Replaced(read) => return Ok(Some(read)),
+                        Revalidated::Gone => return Ok(None),
+                        Revalidated::ReadThrough => false,
+                    };
                 if current {
                     if let Some(read) = self.get_stored(key, range).await? {
                         return Ok(Some(read));
                     }
                     continue; // deleted or evicted meanwhile
-                }
-                match self.revalidate(origin, &route, key, range).await? {
-                    Revalidated::Current => {
-                        if let Some(read) = self.get_stored(key, range).await? {
-                            return Ok(Some(read));
-                        }
-                        continue;
-                    }
-                    Revalidated::Replaced(read) => return Ok(Some(read)),
-                    Revalidated::Gone => return Ok(None),
-                    Revalidated::Large => {}
                 }
             }
             match self.read_through(origin, &route, key, range).await? {
@@ -166,28 +226,50 @@ impl Cache {
         }))
     }
 
-    /// Check a whole-object copy whose TTL ran out: a conditional GET of the object with its
-    /// cached ETag (for objects up to a chunk; larger ones are checked by the chunked read).
+    /// Check a clean whole-object copy (version `seq` on NVMe) whose TTL ran out. Up to a
+    /// chunk: a conditional GET with the cached ETag (304 keeps the copy, 200 replaces it).
+    /// Larger (written through this node): a HEAD compared with the ETag the upload got.
     async fn revalidate(
         &self,
         origin: &ShardOrigin,
         route: &Arc<Route>,
         key: &ObjectKey,
+        seq: u64,
         range: Option<ByteRange>,
     ) -> Result<Revalidated> {
-        let chunk_bytes = self.store.geometry().chunk_bytes as u64;
+        let chunk_bytes = self.chunk_bytes();
         let seen = origin.reads.last_seen(key);
-        if seen.as_ref().is_some_and(|seen| seen.bytes > chunk_bytes) {
-            // A large object written through this node: drop the whole copy and read it
-            // through in chunks, which checks the version.
-            return Ok(Revalidated::Large);
+        let path = route.path(key.key())?;
+        let origins = origin.origins.clone();
+        if self
+            .store
+            .head(key)
+            .is_some_and(|meta| meta.bytes > chunk_bytes)
+        {
+            let found = origins
+                .run(remote::head(origins.clone(), route.clone(), path))
+                .await?;
+            let same = match (&found, &seen) {
+                (Some(found), Some(seen)) => found.etag.is_some() && *found == *seen,
+                _ => false,
+            };
+            if same {
+                origin.reads.confirm(key);
+                return Ok(Revalidated::Current);
+            }
+            self.drop_copy(key, seq).await?;
+            return Ok(match found {
+                Some(_) => Revalidated::ReadThrough,
+                None => {
+                    origin.reads.forget(key);
+                    Revalidated::Gone
+                }
+            });
         }
         let condition = match seen.and_then(|seen| seen.etag) {
             Some(etag) => Condition::IfNoneMatch(etag),
             None => Condition::None,
         };
-        let path = route.path(key.key())?;
-        let origins = origin.origins.clone();
         let fetched = origins
             .run(remote::fetch(
                 origins.clone(),
@@ -205,25 +287,43 @@ impl Cache {
             }
             Fetch::NotFound => {
                 origin.reads.forget(key);
-                self.store.delete(key.clone()).await?;
+                self.drop_copy(key, seq).await?;
                 Ok(Revalidated::Gone)
             }
-            Fetch::Changed => Ok(Revalidated::Large),
+            Fetch::Changed => Ok(Revalidated::ReadThrough),
             Fetch::Data {
                 version,
                 start: _,
                 data,
             } => {
-                origin.reads.remember(key, version.clone());
                 if version.bytes > chunk_bytes {
-                    self.store.delete(key.clone()).await?;
-                    return Ok(Revalidated::Large);
+                    origin.reads.remember(key, version);
+                    self.drop_copy(key, seq).await?;
+                    return Ok(Revalidated::ReadThrough);
                 }
-                self.store.put(key.clone(), &data, false).await?;
                 let read = answer(&version, 0, &data, range)?;
+                let _guard = self.locks.lock(key).await;
+                if stored_seq(&self.store, key) == Some(seq) {
+                    origin.reads.remember(key, version);
+                    self.store.put(key.clone(), &data, false).await?;
+                }
                 Ok(Revalidated::Replaced(read))
             }
         }
+    }
+
+    /// Delete the copy of `key` if it is still version `seq` (and clean): an origin read found
+    /// it outdated, and no write has replaced it since.
+    async fn drop_copy(&self, key: &ObjectKey, seq: u64) -> Result<()> {
+        let _guard = self.locks.lock(key).await;
+        let unchanged = self
+            .store
+            .head(key)
+            .is_some_and(|meta| meta.seq == seq && !meta.dirty);
+        if unchanged {
+            self.store.delete(key.clone()).await?;
+        }
+        Ok(())
     }
 
     /// Read from the origin what NVMe does not hold, admitting it as it arrives.
@@ -234,7 +334,7 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Through> {
-        let chunk_bytes = self.store.geometry().chunk_bytes as u64;
+        let chunk_bytes = self.chunk_bytes();
         let mut discovered = None;
         let version = match origin.reads.fresh(key, route.revalidate) {
             Some(version) => version,
@@ -257,31 +357,52 @@ impl Cache {
             }
         };
         let (start, end) = resolve_range(range, version.bytes)?;
+        if end - start > ORIGIN_READ_BYTES_MAX {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{} bytes of {}/{} asked for at once; read at most {ORIGIN_READ_BYTES_MAX} bytes per request (use ranges)",
+                    end - start,
+                    key.bucket(),
+                    key.key()
+                ),
+            ));
+        }
+        if start == end {
+            return Ok(Through::Read(CacheRead {
+                bytes: version.bytes,
+                seq: 0,
+                dirty: false,
+                start,
+                data: Vec::new(),
+                from_origin: false,
+            }));
+        }
         if version.bytes <= chunk_bytes {
             let fetched = self
                 .fetch_chunk(origin, route, key, 0, Some(&version))
                 .await?;
             return Ok(match &*fetched {
-                Fetch::Data { version, data, .. } => {
-                    Through::Read(answer(version, 0, data, range)?)
+                Fetch::Data {
+                    version: fetched_version,
+                    data,
+                    ..
+                } if *fetched_version == version => {
+                    Through::Read(answer(&version, 0, data, range)?)
                 }
                 Fetch::NotFound => Through::NotFound,
-                Fetch::Changed | Fetch::NotModified => Through::Changed,
+                _ => Through::Changed,
             });
         }
         let first = start / chunk_bytes;
-        let last = if end == start {
-            first
-        } else {
-            (end - 1) / chunk_bytes
-        };
+        let last = (end - 1) / chunk_bytes;
         let mut data = Vec::with_capacity((end - start) as usize);
         let mut from_origin = false;
         for chunk in first..=last {
             let chunk_start = chunk * chunk_bytes;
             let chunk_end = (chunk_start + chunk_bytes).min(version.bytes);
-            let wanted = start.max(chunk_start)..end.min(chunk_end).max(start.max(chunk_start));
-            let chunk_key = key.origin_chunk(version_tag(&version), chunk);
+            let wanted = start.max(chunk_start)..end.min(chunk_end);
+            let chunk_key = chunk_key(key, &version, chunk);
             let first_chunk = if chunk == 0 { discovered.take() } else { None };
             if let (Some(chunk_key), None) = (&chunk_key, &first_chunk) {
                 let inner = ByteRange {
@@ -303,13 +424,13 @@ impl Cache {
             };
             match &*fetched {
                 Fetch::Data {
+                    version: fetched_version,
                     start: fetched_start,
                     data: fetched_data,
-                    ..
-                } => {
-                    let offset = (wanted.start - fetched_start) as usize;
-                    let length = (wanted.end - wanted.start) as usize;
-                    if offset + length > fetched_data.len() {
+                } if *fetched_version == version => {
+                    let covered = *fetched_start <= wanted.start
+                        && wanted.end <= fetched_start + fetched_data.len() as u64;
+                    if !covered {
                         return Err(Error::new(
                             ErrorKind::OriginUnavailable,
                             format!(
@@ -320,10 +441,13 @@ impl Cache {
                             ),
                         ));
                     }
+                    let offset = (wanted.start - fetched_start) as usize;
+                    let length = (wanted.end - wanted.start) as usize;
                     data.extend_from_slice(&fetched_data[offset..offset + length]);
                 }
                 Fetch::NotFound => return Ok(Through::NotFound),
-                Fetch::Changed | Fetch::NotModified => return Ok(Through::Changed),
+                // Another version than the one this read is pinned to: start over.
+                _ => return Ok(Through::Changed),
             }
         }
         if origin.reads.note_sequential(key, first, last) {
@@ -349,13 +473,14 @@ impl Cache {
         version: &OriginVersion,
         last: u64,
     ) {
-        let chunk_bytes = self.store.geometry().chunk_bytes as u64;
-        let chunks = version.bytes.div_ceil(chunk_bytes);
+        let chunks = version.bytes.div_ceil(self.chunk_bytes());
         for chunk in last + 1..(last + 1 + READAHEAD_CHUNKS).min(chunks) {
-            let cached = key
-                .origin_chunk(version_tag(version), chunk)
-                .is_none_or(|chunk_key| self.store.head(&chunk_key).is_some());
-            if cached || origin.reads.in_flight(&(key.clone(), chunk)) {
+            let Some(chunk_key) = chunk_key(key, version, chunk) else {
+                return; // nowhere to keep it
+            };
+            if self.store.head(&chunk_key).is_some()
+                || origin.reads.in_flight(&(key.clone(), chunk))
+            {
                 continue;
             }
             let fetch = self.start_fetch(origin, route, key, chunk, Some(version));
@@ -386,14 +511,17 @@ impl Cache {
         chunk: u64,
         version: Option<&OriginVersion>,
     ) -> impl std::future::Future<Output = Result<Rc<Fetch>>> + 'static {
-        let chunk_bytes = self.store.geometry().chunk_bytes as u64;
+        let chunk_bytes = self.chunk_bytes();
         let origins = origin.origins.clone();
         let reads = origin.reads.clone();
         let store = self.store.clone();
+        let locks = self.locks.clone();
         let path = route.path(key.key());
         let route = route.clone();
         let key = key.clone();
         let version = version.cloned();
+        // What the key holds now: a flight's data is admitted only if this is still so.
+        let seen_seq = stored_seq(&store, &key);
         async move {
             let path = path?;
             let (range, condition) = match &version {
@@ -425,14 +553,15 @@ impl Cache {
             let admitted_reads = reads.clone();
             let admitted_key = key.clone();
             let admit = move |fetched: Rc<Fetch>| async move {
-                admit(
-                    &store,
-                    &admitted_reads,
-                    &admitted_key,
-                    &fetched,
+                let admission = Admission {
+                    store: &store,
+                    reads: &admitted_reads,
+                    locks: &locks,
+                    key: &admitted_key,
+                    seen_seq,
                     chunk_bytes,
-                )
-                .await;
+                };
+                admission.admit(&fetched).await;
             };
             reads.coalesced((key, chunk), fetch, admit).await
         }
@@ -472,6 +601,29 @@ impl Cache {
         }))
     }
 
+    /// Read the whole object through into the cache a chunk at a time (memory bounded by a
+    /// chunk); returns its size, or `None` when neither NVMe nor the origin has it.
+    pub async fn warm(&self, key: &ObjectKey) -> Result<Option<u64>> {
+        let Some(meta) = self.head(key).await? else {
+            return Ok(None);
+        };
+        let chunk_bytes = self.chunk_bytes();
+        let mut start = 0;
+        loop {
+            let range = ByteRange {
+                start,
+                end: Some(start + chunk_bytes),
+            };
+            if self.get(key, Some(range)).await?.is_none() {
+                return Ok(None);
+            }
+            start += chunk_bytes;
+            if start >= meta.bytes {
+                return Ok(Some(meta.bytes));
+            }
+        }
+    }
+
     // ----- writes -----
 
     /// Store `data` as `key` by the bucket's write mode: NVMe only (no origin), write-back
@@ -485,6 +637,7 @@ impl Cache {
         match route.write {
             WriteMode::ReadOnly => Err(read_only(&key, &route)),
             WriteMode::Through => {
+                let _guard = self.locks.lock(&key).await;
                 let bytes = data.len() as u64;
                 let data = Bytes::from(data);
                 let origins = origin.origins.clone();
@@ -500,18 +653,42 @@ impl Cache {
                         ))
                         .await?
                 };
-                origin.reads.remember(&key, OriginVersion { bytes, etag });
-                self.store.put(key, &data, false).await
+                match self.store.put(key.clone(), &data, false).await {
+                    Ok(meta) => {
+                        origin.reads.remember(&key, OriginVersion { bytes, etag });
+                        Ok(meta)
+                    }
+                    Err(error) => {
+                        // The origin has the object: it is written. The old copy must not
+                        // outlive it here.
+                        log::warn!(
+                            "{}/{} is at the origin but could not be cached: {error}",
+                            key.bucket(),
+                            key.key()
+                        );
+                        origin.reads.forget(&key);
+                        self.store.delete(key.clone()).await?;
+                        Ok(ObjectMeta {
+                            bucket: key.bucket().to_string(),
+                            key: key.key().to_string(),
+                            bytes,
+                            seq: 0,
+                            dirty: false,
+                        })
+                    }
+                }
             }
             WriteMode::Back => {
                 let bytes = data.len() as u64;
                 origin.origins.reserve_dirty(bytes).await?;
+                let _guard = self.locks.lock(&key).await;
                 match self.store.put(key.clone(), &data, true).await {
                     Ok(meta) => {
                         origin.writes.enqueue(Upload {
                             key,
                             seq: meta.seq,
                             bytes,
+                            attempts: 0,
                         });
                         Ok(meta)
                     }
@@ -537,6 +714,7 @@ impl Cache {
             Some(meta) => !meta.dirty || meta.seq == 0,
             None => false,
         };
+        let _guard = self.locks.lock(&key).await;
         let stored = self.store.delete(key.clone()).await?;
         origin.reads.forget(&key);
         // An upload in flight would bring the object back at the origin after the delete.
@@ -562,17 +740,6 @@ impl Cache {
             .map_or(0, |origin| origin.writes.pending_count())
     }
 
-    /// Wait until an upload finishes (or a short while), for FLUSH's polling.
-    pub async fn wait_for_upload(&self, timeout: std::time::Duration) {
-        let Some(origin) = &self.origin else {
-            return;
-        };
-        let change = origin.writes.next_change();
-        let sleep = crate::rt::time::sleep(timeout);
-        futures::pin_mut!(change, sleep);
-        futures::future::select(change, sleep).await;
-    }
-
     /// Dirty objects of this shard under `prefix`, for LIST's view of what is not at the
     /// origin yet.
     pub fn dirty_listing(
@@ -586,10 +753,7 @@ impl Cache {
         };
         origin
             .writes
-            .pending_keys(prefix, start_after, limit)
-            .into_iter()
-            .filter_map(|key| self.store.head(&key))
-            .collect()
+            .pending_keys(prefix, start_after, limit, |key| self.store.head(key))
     }
 }
 
@@ -598,8 +762,8 @@ enum Revalidated {
     Current,
     Replaced(CacheRead),
     Gone,
-    /// The object is larger than a chunk: read it through in chunks.
-    Large,
+    /// The copy is gone or outdated: read through from the origin.
+    ReadThrough,
 }
 
 enum Through {
@@ -620,12 +784,20 @@ fn read_only(key: &ObjectKey, route: &Route) -> Error {
     )
 }
 
+/// The chunk key of a large origin object's chunk; `None` when the version has no ETag (two
+/// versions of one size could not be told apart) or the key is too long for the suffix.
+fn chunk_key(key: &ObjectKey, version: &OriginVersion, chunk: u64) -> Option<ObjectKey> {
+    version.etag.as_ref()?;
+    key.origin_chunk(version_tag(version), chunk)
+}
+
 /// Whether data read from the start of an object covers `range`.
 fn data_covers(range: Option<ByteRange>, available: u64) -> bool {
     range.is_some_and(|range| range.end.is_some_and(|end| end <= available))
 }
 
-/// The part of `data` (the object's bytes from `data_start`) that `range` asks for.
+/// The part of `data` (the object's bytes from `data_start`) that `range` asks for; an error
+/// when `data` does not hold all of it.
 fn answer(
     version: &OriginVersion,
     data_start: u64,
@@ -633,7 +805,13 @@ fn answer(
     range: Option<ByteRange>,
 ) -> Result<CacheRead> {
     let (start, end) = resolve_range(range, version.bytes)?;
-    let end = end.min(data_start + data.len() as u64);
+    let data_end = data_start + data.len() as u64;
+    if start < data_start || end > data_end {
+        return Err(Error::new(
+            ErrorKind::OriginUnavailable,
+            format!("the origin returned bytes {data_start}-{data_end}, not {start}-{end}"),
+        ));
+    }
     let slice = &data[(start - data_start) as usize..(end - data_start) as usize];
     Ok(CacheRead {
         bytes: version.bytes,
@@ -645,41 +823,60 @@ fn answer(
     })
 }
 
-/// Admit what an origin read returned: a small object whole under its key, a chunk of a large
-/// one under its chunk key. A failed admission is logged; the reader already has its data.
-async fn admit(store: &Store, reads: &Reads, key: &ObjectKey, fetched: &Fetch, chunk_bytes: u64) {
-    let Fetch::Data {
-        version,
-        start,
-        data,
-    } = fetched
-    else {
-        if matches!(fetched, Fetch::NotFound | Fetch::Changed) {
-            reads.forget(key);
-        }
-        return;
-    };
-    reads.remember(key, version.clone());
-    let outcome = if version.bytes <= chunk_bytes {
-        if store.head(key).is_some_and(|meta| meta.dirty) {
-            return; // a newer write is waiting for upload: never replace it with origin data
-        }
-        store.put(key.clone(), data, false).await.map(|_| ())
-    } else {
-        let chunk = start / chunk_bytes;
-        match key.origin_chunk(version_tag(version), chunk) {
-            Some(chunk_key) if start % chunk_bytes == 0 => {
-                store.put(chunk_key, data, false).await.map(|_| ())
+/// Putting what an origin read returned into the store.
+struct Admission<'a> {
+    store: &'a Store,
+    reads: &'a Reads,
+    locks: &'a Rc<KeyLocks>,
+    key: &'a ObjectKey,
+    /// The key's version on NVMe when the origin read started.
+    seen_seq: Option<u64>,
+    chunk_bytes: u64,
+}
+
+impl Admission<'_> {
+    /// A small object whole under its key (only if no write or delete of the key happened
+    /// since the read started), a chunk of a large one under its chunk key. A failed admission
+    /// is logged; the readers already have their data.
+    async fn admit(&self, fetched: &Fetch) {
+        let Fetch::Data {
+            version,
+            start,
+            data,
+        } = fetched
+        else {
+            if matches!(fetched, Fetch::NotFound | Fetch::Changed) {
+                self.reads.forget(self.key);
             }
-            _ => Ok(()),
+            return;
+        };
+        let outcome = if version.bytes <= self.chunk_bytes {
+            let _guard = self.locks.lock(self.key).await;
+            if stored_seq(self.store, self.key) != self.seen_seq {
+                return; // written, deleted or admitted since: this data is not the newest
+            }
+            self.reads.remember(self.key, version.clone());
+            self.store
+                .put(self.key.clone(), data, false)
+                .await
+                .map(|_| ())
+        } else {
+            self.reads.remember(self.key, version.clone());
+            let chunk = start / self.chunk_bytes;
+            match chunk_key(self.key, version, chunk) {
+                Some(chunk_key) if start % self.chunk_bytes == 0 => {
+                    self.store.put(chunk_key, data, false).await.map(|_| ())
+                }
+                _ => Ok(()),
+            }
+        };
+        if let Err(error) = outcome {
+            log::warn!(
+                "could not cache {}/{} from the origin: {error}",
+                self.key.bucket(),
+                self.key.key()
+            );
         }
-    };
-    if let Err(error) = outcome {
-        log::warn!(
-            "could not cache {}/{} from the origin: {error}",
-            key.bucket(),
-            key.key()
-        );
     }
 }
 

@@ -893,10 +893,11 @@ impl EngineHandle {
                         format!("{pending} objects are still on their way to the origin"),
                     ));
                 }
-                // Wait on shard 0's uploads or a short while, then count again.
+                // A short wait (on shard 0's timers, so that any caller can await it), then
+                // count again.
                 handle
-                    .on_shard(0, |cache| async move {
-                        cache.wait_for_upload(FLUSH_POLL_INTERVAL).await;
+                    .on_shard(0, |_| async move {
+                        crate::rt::time::sleep(FLUSH_POLL_INTERVAL).await;
                         Ok(())
                     })
                     .await?;
@@ -941,14 +942,19 @@ impl EngineHandle {
             let mut objects = 0;
             let mut bytes = 0;
             for batch in keys.chunks(parallel.max(1)) {
-                let reads: Vec<_> = batch
+                let warms: Vec<_> = batch
                     .iter()
-                    .map(|key| handle.get(&bucket, key, None))
-                    .collect();
-                for read in reads {
-                    if let Some((meta, _)) = read.await? {
+                    .map(|key| {
+                        let key = ObjectKey::new(&bucket, key)?;
+                        let shard = handle.shard_of(&key);
+                        Ok(handle
+                            .on_shard(shard, move |cache| async move { cache.warm(&key).await }))
+                    })
+                    .collect::<Result<_>>()?;
+                for warmed in futures::future::join_all(warms).await {
+                    if let Some(size) = warmed? {
                         objects += 1;
-                        bytes += meta.bytes;
+                        bytes += size;
                     }
                 }
             }

@@ -253,6 +253,8 @@ pub(crate) struct Route {
     pub revalidate: Revalidate,
     /// The origin as the operator wrote it, for messages.
     pub url: String,
+    /// Whether the store lists in key order (object stores do; a local folder does not).
+    pub listing_sorted: bool,
 }
 
 impl Route {
@@ -262,15 +264,24 @@ impl Route {
             Some(prefix) => format!("{prefix}/{key}"),
             None => key.to_string(),
         };
-        Path::parse(&full).map_err(|error| {
+        let refused = |reason: String| {
             Error::new(
                 ErrorKind::InvalidKey,
                 format!(
-                    "key {key:?} cannot be stored at origin {}: {error}",
+                    "key {key:?} cannot be named at origin {}: {reason}",
                     self.url
                 ),
             )
-        })
+        };
+        let path = Path::parse(&full).map_err(|error| refused(error.to_string()))?;
+        // Object stores name objects by '/'-separated segments: a key with an empty segment
+        // (a leading, trailing or doubled '/') would alias another key.
+        if path.as_ref() != full {
+            return Err(refused(
+                "keys may not start or end with '/' or contain '//'".into(),
+            ));
+        }
+        Ok(path)
     }
 
     /// The cache key of an origin path listed under this route's prefix.
@@ -393,6 +404,7 @@ impl Origins {
             write: origin.write,
             revalidate: origin.revalidate,
             url: origin.url.clone(),
+            listing_sorted: !origin.url.starts_with("file://"),
         })
     }
 

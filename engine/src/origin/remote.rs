@@ -337,11 +337,10 @@ pub(crate) async fn list(
     // object_store lists by whole path segments; list the segment-aligned parent and filter
     // on the key prefix.
     let parent = prefix.rfind('/').map(|slash| &prefix[..slash]);
-    let parent_path = match (&route.prefix, parent) {
-        (Some(root), Some(parent)) => Some(Path::from(format!("{root}/{parent}"))),
-        (Some(root), None) => Some(root.clone()),
-        (None, Some(parent)) => Some(Path::from(parent)),
-        (None, None) => None,
+    // Paths as objects are named (`Path::parse`), so that listing and naming agree.
+    let parent_path = match parent {
+        Some(parent) => Some(route.path(parent)?),
+        None => route.prefix.clone(),
     };
     let offset = start_after
         .as_deref()
@@ -359,9 +358,23 @@ pub(crate) async fn list(
         };
         if key.starts_with(&prefix) && start_after.as_ref().is_none_or(|after| &key > after) {
             found.push((key, meta.size));
+        } else if route.listing_sorted
+            && key.as_str() > prefix.as_str()
+            && !key.starts_with(&prefix)
+        {
+            break; // past the prefix in key order
+        }
+        if found.len() >= limit && route.listing_sorted {
+            break;
         }
         if found.len() >= LIST_GATHER_MAX {
-            break;
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "origin {} lists more than {LIST_GATHER_MAX} objects under {prefix:?} in no order; list narrower prefixes",
+                    route.url
+                ),
+            ));
         }
     }
     // Not every store lists in key order (a local folder does not).

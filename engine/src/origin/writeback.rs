@@ -27,6 +27,8 @@ pub(crate) struct Upload {
     pub key: ObjectKey,
     pub seq: u64,
     pub bytes: u64,
+    /// Failed attempts so far (each failure waits longer before the next).
+    pub attempts: u32,
 }
 
 #[derive(Default)]
@@ -43,9 +45,11 @@ pub(crate) struct WriteBack {
 impl WriteBack {
     /// Queue version `seq` of `key`. Its `bytes` are already taken from the dirty budget.
     pub fn enqueue(&self, upload: Upload) {
-        self.pending
-            .borrow_mut()
-            .insert(upload.key.clone(), upload.seq);
+        // PUTs of one key may be acknowledged out of order: pending keeps the newest version.
+        let mut pending = self.pending.borrow_mut();
+        let newest = pending.entry(upload.key.clone()).or_insert(upload.seq);
+        *newest = (*newest).max(upload.seq);
+        drop(pending);
         self.queue.borrow_mut().push_back(upload);
         self.queued.wake_all();
     }
@@ -64,20 +68,22 @@ impl WriteBack {
         self.pending.borrow().len()
     }
 
-    /// Dirty keys of `bucket` under `prefix`, after `start_after`, at most `limit`, in order.
-    pub fn pending_keys(
+    /// Up to `limit` of `found(key)` for the dirty keys under `prefix` after `start_after`, in
+    /// key order, skipping keys for which `found` gives nothing.
+    pub fn pending_keys<T>(
         &self,
         prefix: &ObjectKey,
         start_after: Option<&ObjectKey>,
         limit: usize,
-    ) -> Vec<ObjectKey> {
+        found: impl Fn(&ObjectKey) -> Option<T>,
+    ) -> Vec<T> {
         self.pending
             .borrow()
             .range(prefix.clone()..)
             .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
             .filter(|(key, _)| start_after.is_none_or(|after| *key > after))
+            .filter_map(|(key, _)| found(key))
             .take(limit)
-            .map(|(key, _)| key.clone())
             .collect()
     }
 
@@ -87,11 +93,6 @@ impl WriteBack {
         while self.uploading.borrow().contains(key) {
             self.changed.wait().await;
         }
-    }
-
-    /// Wait for the next finished upload.
-    pub async fn next_change(&self) {
-        self.changed.wait().await;
     }
 }
 
@@ -120,70 +121,88 @@ pub(crate) async fn upload_loop(cache: Rc<Cache>) {
     }
 }
 
-async fn upload_one(cache: &Cache, upload: Upload) {
+/// One attempt at uploading `upload`. On failure the attempt's slot is freed and the upload
+/// is queued again after a backoff, so that an object the origin keeps refusing does not hold
+/// a slot that others could use; its budget bytes stay taken until it succeeds.
+async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
     let origin = cache.origin().expect("uploads only with an origin");
     let writes = &origin.writes;
     writes.idle(&upload.key).await;
     writes.uploading.borrow_mut().insert(upload.key.clone());
-    let mut backoff = UPLOAD_BACKOFF_FIRST;
-    loop {
-        let current = cache
-            .store()
-            .head(&upload.key)
-            .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
-        if !current {
-            break; // deleted, or superseded by a newer version with an upload of its own
-        }
-        let route = match origin.origins.route(upload.key.bucket()) {
-            Ok(Some(route)) => route,
+    let current = cache
+        .store()
+        .head(&upload.key)
+        .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
+    let outcome = if !current {
+        // Deleted, or superseded by a newer version with an upload of its own.
+        Ok(None)
+    } else {
+        match origin.origins.route(upload.key.bucket()) {
+            Ok(Some(route)) => upload_version(cache, &route, &upload).await,
             Ok(None) | Err(_) => {
                 log::warn!(
                     "{}/{} is dirty but its bucket has no origin now; it stays on NVMe",
                     upload.key.bucket(),
                     upload.key.key()
                 );
-                break;
-            }
-        };
-        match upload_version(cache, &route, &upload).await {
-            Ok(Some(etag)) => {
-                if cache.store().mark_clean(&upload.key, upload.seq) {
-                    origin.reads.remember(
-                        &upload.key,
-                        OriginVersion {
-                            bytes: upload.bytes,
-                            etag,
-                        },
-                    );
-                }
-                break;
-            }
-            Ok(None) => break, // the version changed while it was being read
-            Err(error) => {
-                origin
-                    .origins
-                    .counters
-                    .uploads_retried
-                    .fetch_add(1, Ordering::Relaxed);
-                log::warn!(
-                    "upload of {}/{} failed, retrying in {backoff:?}: {error}",
-                    upload.key.bucket(),
-                    upload.key.key()
-                );
-                crate::rt::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(origin.origins.config().upload_backoff_max);
+                Ok(None)
             }
         }
-    }
+    };
     writes.uploading.borrow_mut().remove(&upload.key);
+    writes.changed.wake_all();
+    match outcome {
+        Ok(Some(etag)) => {
+            if cache.store().mark_clean(&upload.key, upload.seq) {
+                origin.reads.remember(
+                    &upload.key,
+                    OriginVersion {
+                        bytes: upload.bytes,
+                        etag,
+                    },
+                );
+            }
+            finish(cache, &upload);
+        }
+        Ok(None) => finish(cache, &upload),
+        Err(error) => {
+            origin
+                .origins
+                .counters
+                .uploads_retried
+                .fetch_add(1, Ordering::Relaxed);
+            let backoff = (UPLOAD_BACKOFF_FIRST * 2u32.saturating_pow(upload.attempts.min(16)))
+                .min(origin.origins.config().upload_backoff_max);
+            log::warn!(
+                "upload of {}/{} failed (attempt {}), retrying in {backoff:?}: {error}",
+                upload.key.bucket(),
+                upload.key.key(),
+                upload.attempts + 1
+            );
+            upload.attempts += 1;
+            let cache = cache.clone();
+            crate::rt::spawn(async move {
+                crate::rt::time::sleep(backoff).await;
+                if let Some(origin) = cache.origin() {
+                    origin.writes.queue.borrow_mut().push_back(upload);
+                    origin.writes.queued.wake_all();
+                }
+            });
+        }
+    }
+}
+
+/// The upload is done (or moot): its pending entry and budget bytes go.
+fn finish(cache: &Cache, upload: &Upload) {
+    let origin = cache.origin().expect("uploads only with an origin");
     {
-        let mut pending = writes.pending.borrow_mut();
+        let mut pending = origin.writes.pending.borrow_mut();
         if pending.get(&upload.key) == Some(&upload.seq) {
             pending.remove(&upload.key);
         }
     }
     origin.origins.release_dirty(upload.bytes);
-    writes.changed.wake_all();
+    origin.writes.changed.wake_all();
 }
 
 /// Upload one version; `Ok(None)` when it stopped being the stored version midway, else the
