@@ -290,3 +290,68 @@ fn concurrent_writers_on_a_small_store_keep_their_latest_versions() {
     let engine = Engine::open(config(&path, 11 * MIB, 1, 1)).unwrap();
     check(&engine);
 }
+
+/// Mark `bucket/key` (version `seq`) clean through its shard, as write-back does after an upload.
+fn mark_clean(engine: &Engine, key: &str, seq: u64) -> bool {
+    let object = hydrant_engine::store::ObjectKey::new("data", key).unwrap();
+    let shard = engine.shard_of(&object);
+    block_on(engine.on_shard(shard, move |cache| async move {
+        cache.store().mark_clean(&object, seq).await
+    }))
+    .unwrap()
+}
+
+#[test]
+fn clean_markers_survive_reopening_and_reclaim() {
+    let dir = TempDir::new("clean-markers");
+    let path = dir.file("data.hyd");
+    // One shard of ten 1 MiB regions, so that filling it reclaims every region several times.
+    let open = || Engine::open(config(&path, 12 * MIB, 1, 1)).unwrap();
+    let engine = open();
+    let mut seqs = Vec::new();
+    for index in 0..6 {
+        let meta =
+            block_on(engine.put_with("data", &format!("d{index}"), pattern(index, 50_000), true))
+                .unwrap();
+        seqs.push(meta.seq);
+    }
+    // A stale version is not marked: only the indexed one.
+    assert!(!mark_clean(&engine, "d0", seqs[0] + 1_000));
+    for (index, seq) in seqs.iter().enumerate().take(3) {
+        assert!(mark_clean(&engine, &format!("d{index}"), *seq));
+    }
+    engine.close();
+    let engine = open();
+    for index in 0..6 {
+        let meta = block_on(engine.head("data", &format!("d{index}")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(meta.dirty, index >= 3, "d{index} after reopening");
+    }
+    // Keep the clean ones visited so that reclaim moves them, then churn through every region.
+    for round in 0..120u64 {
+        for index in 0..3 {
+            block_on(engine.get("data", &format!("d{index}"), None)).unwrap();
+        }
+        block_on(engine.put(
+            "data",
+            &format!("churn-{}", round % 8),
+            pattern(round, 300_000),
+        ))
+        .unwrap();
+    }
+    assert!(block_on(engine.stats()).unwrap()[0].counters.reclaims >= 10);
+    engine.close();
+    let engine = open();
+    for index in 0..6 {
+        if let Some(meta) = block_on(engine.head("data", &format!("d{index}"))).unwrap() {
+            assert_eq!(
+                meta.dirty,
+                index >= 3,
+                "d{index} after reclaim moved its entries and dropped its marker"
+            );
+        } else {
+            assert!(index < 3, "dirty d{index} was evicted");
+        }
+    }
+}

@@ -153,7 +153,16 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
     writes.changed.wake_all();
     match outcome {
         Ok(Some(etag)) => {
-            if cache.store().mark_clean(&upload.key, upload.seq) {
+            let marked = cache.store().mark_clean(&upload.key, upload.seq).await;
+            if let Err(error) = &marked {
+                // In memory it is clean; after a restart it is uploaded once more.
+                log::warn!(
+                    "could not record {}/{} as clean: {error}",
+                    upload.key.bucket(),
+                    upload.key.key()
+                );
+            }
+            if marked.unwrap_or(true) {
                 origin.reads.remember(
                     &upload.key,
                     OriginVersion {

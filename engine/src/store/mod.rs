@@ -59,6 +59,13 @@ struct RegionState {
     writes_in_flight: BTreeSet<u64>,
 }
 
+/// Whether an operation makes a new version of its key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Versioned {
+    Yes,
+    No,
+}
+
 /// A byte range of an object: `start` up to `end` (exclusive; `None` = to the end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ByteRange {
@@ -337,19 +344,41 @@ impl Store {
             .map(|record| ObjectMeta::of(key, record))
     }
 
-    /// Mark version `seq` of `key` clean (written back to the origin), unpinning it. Only in
-    /// memory: after a crash its entry is dirty again and is uploaded once more, which the
-    /// origin takes as an overwrite with the same bytes. Returns whether that version is the
-    /// indexed one.
-    pub fn mark_clean(&self, key: &ObjectKey, seq: u64) -> bool {
-        let mut index = self.index.borrow_mut();
-        match index.get_mut(key) {
-            Some(record) if record.seq == seq => {
-                record.flags &= !RECORD_FLAG_DIRTY;
-                true
+    /// Mark version `seq` of `key` clean (written back to the origin), unpinning it, and make
+    /// that durable with a clean marker, so that a restart does not upload it again. Returns
+    /// whether that version is the indexed one (nothing is written otherwise).
+    ///
+    /// The flag is cleared in memory first: reclaim copies an entry with its version's current
+    /// state, so no dirty copy is written after the marker and outlives it (markers die with
+    /// their region, like tombstones, and every older copy is in an older region).
+    pub async fn mark_clean(&self, key: &ObjectKey, seq: u64) -> Result<bool> {
+        {
+            let mut index = self.index.borrow_mut();
+            match index.get_mut(key) {
+                Some(record) if record.seq == seq && record.dirty() => {
+                    record.flags &= !RECORD_FLAG_DIRTY;
+                }
+                _ => return Ok(false),
             }
-            _ => false,
         }
+        self.writable()?;
+        let header = EntryHeader {
+            kind: EntryKind::Clean,
+            flags: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            data_bytes: 0,
+            seq: 0,
+            region_seq: 0,
+            object_bytes: seq,
+            etag: Vec::new(),
+            bucket: key.bucket_bytes().to_vec(),
+            key: key.key_bytes().to_vec(),
+            data_crcs: Vec::new(),
+        };
+        self.write_operation(key, vec![(header, &[][..])], Versioned::No, |_, _| ())
+            .await?;
+        Ok(true)
     }
 
     /// (key, seq, bytes) of every dirty object, for write-back after an open.
@@ -617,7 +646,7 @@ impl Store {
             })
             .collect();
         let meta = self
-            .write_operation(&key, entries, |seq, locations| {
+            .write_operation(&key, entries, Versioned::Yes, |seq, locations| {
                 let record = ObjectRecord {
                     seq,
                     bytes: data.len() as u64,
@@ -664,7 +693,7 @@ impl Store {
             data_crcs: Vec::new(),
         };
         let existed = self
-            .write_operation(&key, vec![(header, &[][..])], |seq, _| {
+            .write_operation(&key, vec![(header, &[][..])], Versioned::Yes, |seq, _| {
                 self.index
                     .borrow_mut()
                     .remove_older(&key, seq, false)
@@ -675,8 +704,10 @@ impl Store {
         Ok(existed)
     }
 
-    /// Write one operation's entries (a put's chunks, or a tombstone), make them durable, and
-    /// then `apply` it to the index.
+    /// Write one operation's entries (a put's chunks, a tombstone or a clean marker), make them
+    /// durable, and then `apply` it to the index. A put or delete is a new version of the key
+    /// (`Versioned::Yes`): versions that finish after it and started before it are not
+    /// installed. A clean marker is not: a put in flight must still install after it.
     ///
     /// - The operation's seq is taken when its first entry is placed, so a key's operations sit
     ///   in the log in seq order.
@@ -690,6 +721,7 @@ impl Store {
         &self,
         key: &ObjectKey,
         mut entries: Vec<(EntryHeader, &[u8])>,
+        versioned: Versioned,
         apply: impl FnOnce(u64, Vec<Location>) -> T,
     ) -> Result<T> {
         let first = self.entry_buffer(&entries[0].0, entries[0].1);
@@ -744,7 +776,7 @@ impl Store {
             ))
         }
         .await;
-        self.finish_operation(key, seq, result.is_ok());
+        self.finish_operation(key, seq, result.is_ok() && versioned == Versioned::Yes);
         result
     }
 

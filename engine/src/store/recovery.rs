@@ -5,7 +5,8 @@
 //! newer region was opened); the newest region is scanned verifying every entry's data, and
 //! ends at the first entry that does not check out. A seal is then written at that end so that
 //! a later recovery never reads past it. For every key the newest version whose chunks are all
-//! present and that no newer tombstone deletes is indexed.
+//! present and that no newer tombstone deletes is indexed; it is dirty unless a clean marker
+//! names it.
 
 use std::collections::HashMap;
 
@@ -28,6 +29,8 @@ struct Candidate {
 struct KeyHistory {
     versions: Vec<Candidate>,
     tombstone: u64,
+    /// Versions marked clean (written back to the origin) after they were written dirty.
+    cleaned: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -48,6 +51,7 @@ impl IndexBuilder {
         match header.kind {
             EntryKind::Tombstone => history.tombstone = history.tombstone.max(header.seq),
             EntryKind::Seal => {}
+            EntryKind::Clean => history.cleaned.push(header.object_bytes),
             EntryKind::Chunk => {
                 let chunk_count = header.object_bytes.div_ceil(chunk_bytes as u64).max(1);
                 let chunk_start = header.chunk_index as u64 * chunk_bytes as u64;
@@ -110,7 +114,11 @@ impl IndexBuilder {
                     ObjectRecord {
                         seq: version.seq,
                         bytes: version.bytes,
-                        flags: if version.dirty { RECORD_FLAG_DIRTY } else { 0 },
+                        flags: if version.dirty && !history.cleaned.contains(&version.seq) {
+                            RECORD_FLAG_DIRTY
+                        } else {
+                            0
+                        },
                         chunks: Chunks::from_vec(locations),
                     },
                 );

@@ -200,7 +200,7 @@ impl Store {
         let mut relocated: Vec<ObjectKey> = Vec::new();
         for entry in scan.entries {
             if entry.header.kind != EntryKind::Chunk {
-                continue; // tombstones and seals die with their region
+                continue; // tombstones, seals and clean markers die with their region
             }
             let Some(key) = ObjectKey::from_parts(&entry.header.bucket, &entry.header.key) else {
                 continue;
@@ -338,6 +338,16 @@ impl Store {
             Err(error) => return Err(error),
         };
         header.region_seq = place.region_seq;
+        // The copy carries the version's state now: one marked clean since it was written must
+        // not be dirty again after its clean marker's region is reclaimed.
+        let dirty_now = self
+            .index
+            .borrow()
+            .get(key)
+            .is_some_and(|record| record.seq == header.seq && record.dirty());
+        if !dirty_now {
+            header.flags &= !crate::format::ENTRY_FLAG_DIRTY;
+        }
         header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
         self.write_placed(&place, buf).await?;
         let mut index = self.index.borrow_mut();
