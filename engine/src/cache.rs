@@ -24,6 +24,7 @@ use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
 use crate::rt::sync::WaitQueue;
 use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, Store};
+use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
 
 /// Times a read starts over when the origin object changes under it.
@@ -93,6 +94,7 @@ fn stored_seq(store: &Store, key: &ObjectKey) -> Option<u64> {
 
 pub struct Cache {
     store: Rc<Store>,
+    dram: Option<DramTier>,
     origin: Option<ShardOrigin>,
     locks: Rc<KeyLocks>,
 }
@@ -100,7 +102,11 @@ pub struct Cache {
 impl Cache {
     /// A shard's cache over its opened store. Dirty objects found on the device are queued
     /// for upload again.
-    pub(crate) fn new(store: Rc<Store>, origins: Option<Arc<Origins>>) -> Rc<Cache> {
+    pub(crate) fn new(
+        store: Rc<Store>,
+        dram_bytes: u64,
+        origins: Option<Arc<Origins>>,
+    ) -> Rc<Cache> {
         let origin = origins.map(|origins| ShardOrigin {
             reads: Rc::new(Reads::new(origins.config().metadata_entries_max)),
             writes: WriteBack::default(),
@@ -108,6 +114,7 @@ impl Cache {
         });
         let cache = Rc::new(Cache {
             store,
+            dram: DramTier::new(dram_bytes),
             origin,
             locks: Rc::default(),
         });
@@ -140,6 +147,18 @@ impl Cache {
 
     pub fn shard(&self) -> u32 {
         self.store.shard()
+    }
+
+    /// The DRAM tier's counters (all zero without one).
+    pub fn dram_stats(&self) -> DramStats {
+        self.dram.as_ref().map(DramTier::stats).unwrap_or_default()
+    }
+
+    /// A write or delete of `key` leaves any DRAM copy stale: give its memory back.
+    fn invalidate(&self, key: &ObjectKey) {
+        if let Some(dram) = &self.dram {
+            dram.invalidate(key);
+        }
     }
 
     pub(crate) fn origin(&self) -> Option<&ShardOrigin> {
@@ -211,11 +230,43 @@ impl Cache {
         ))
     }
 
+    /// The object from the DRAM tier, or from NVMe (filling the DRAM tier as its policy asks).
     async fn get_stored(
         &self,
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Option<CacheRead>> {
+        if let (Some(dram), Some(meta)) = (&self.dram, self.store.head(key)) {
+            let whole = range.is_none_or(|range| {
+                range.start == 0 && range.end.is_none_or(|end| end >= meta.bytes)
+            });
+            let answer = |data: &[u8], seq: u64| -> Result<CacheRead> {
+                let (start, end) = resolve_range(range, data.len() as u64)?;
+                Ok(CacheRead {
+                    bytes: data.len() as u64,
+                    seq,
+                    dirty: meta.dirty,
+                    start,
+                    data: data[start as usize..end as usize].to_vec(),
+                    from_origin: false,
+                })
+            };
+            match dram.lookup(key, meta.seq, meta.bytes, whole) {
+                Lookup::Hit(data) => {
+                    self.store.touch(key);
+                    return answer(&data, meta.seq).map(Some);
+                }
+                Lookup::Fill => {
+                    let Some(read) = self.store.get(key, None).await? else {
+                        return Ok(None);
+                    };
+                    let data = read.to_vec();
+                    dram.fill(key, read.seq, &data);
+                    return answer(&data, read.seq).map(Some);
+                }
+                Lookup::Pass => {}
+            }
+        }
         Ok(self.store.get(key, range).await?.map(|read| CacheRead {
             bytes: read.bytes,
             seq: read.seq,
@@ -630,6 +681,7 @@ impl Cache {
     /// (dirty, acknowledged once durable on NVMe), write-through (acknowledged once the origin
     /// has it), or refused (read-only).
     pub async fn put(&self, key: ObjectKey, data: Vec<u8>) -> Result<ObjectMeta> {
+        self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             return self.store.put(key, &data, false).await;
         };
@@ -703,6 +755,7 @@ impl Cache {
 
     /// Delete `key` here and at its origin; returns whether either had it.
     pub async fn delete(&self, key: ObjectKey) -> Result<bool> {
+        self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             return self.store.delete(key).await;
         };

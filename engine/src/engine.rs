@@ -78,6 +78,9 @@ pub struct EngineConfig {
     pub cpus: Option<Vec<usize>>,
     /// The origins behind the cache buckets. Default: none (every bucket lives on NVMe only).
     pub origins: Option<OriginConfig>,
+    /// Memory for the DRAM tier, all shards together (each takes an equal share); 0: none.
+    /// Default 256 MiB.
+    pub dram_bytes: u64,
 }
 
 impl EngineConfig {
@@ -98,6 +101,7 @@ impl EngineConfig {
             pin_threads: true,
             cpus: None,
             origins: None,
+            dram_bytes: 256 << 20,
         }
     }
 
@@ -544,6 +548,7 @@ impl Engine {
                 },
                 requests_in_flight_max: config.requests_in_flight_max,
                 origins: origins.clone(),
+                dram_bytes: config.dram_bytes / first.shard_count as u64,
             };
             let started: ShardHandle = shard::start(plan, config.inbox_requests_max, ready)?;
             engine.handle.inboxes.push(started.inbox);
@@ -970,7 +975,13 @@ impl EngineHandle {
     /// Every shard's state and counters.
     pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
         let calls: Vec<_> = (0..self.inboxes.len())
-            .map(|shard| self.on_shard(shard, |cache| async move { Ok(cache.store().stats()) }))
+            .map(|shard| {
+                self.on_shard(shard, |cache| async move {
+                    let mut stats = cache.store().stats();
+                    stats.dram = cache.dram_stats();
+                    Ok(stats)
+                })
+            })
             .collect();
         async move {
             let mut stats = Vec::with_capacity(calls.len());

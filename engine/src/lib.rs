@@ -18,6 +18,7 @@ pub use error::{Error, ErrorKind, Result};
 mod engine;
 mod shard;
 pub mod store;
+pub mod tier;
 
 pub use cache::{Cache, CacheRead};
 pub use engine::{

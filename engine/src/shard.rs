@@ -35,6 +35,8 @@ pub(crate) struct ShardPlan {
     pub reactor: ReactorConfig,
     pub requests_in_flight_max: usize,
     pub origins: Option<std::sync::Arc<Origins>>,
+    /// This shard's share of the DRAM tier.
+    pub dram_bytes: u64,
 }
 
 /// The other threads' handle on a running shard.
@@ -63,7 +65,7 @@ pub(crate) fn start(
 
 async fn run(plan: ShardPlan, inbox: channel::Receiver<Message>, ready: OneshotSender<Result<()>>) {
     let store = match open_store(&plan).await {
-        Ok(store) => Cache::new(Rc::new(store), plan.origins.clone()),
+        Ok(store) => Cache::new(Rc::new(store), plan.dram_bytes, plan.origins.clone()),
         Err(error) => {
             ready.send(Err(error));
             return;

@@ -62,6 +62,9 @@ struct Arguments {
     /// immutable.
     #[arg(long, env = "HYDRANT_REVALIDATE")]
     revalidate: Option<String>,
+    /// Memory for the DRAM tier in front of NVMe, e.g. 8GiB (0: none). Default 256MiB.
+    #[arg(long, env = "HYDRANT_DRAM_BYTES")]
+    dram_bytes: Option<String>,
     /// The dirty-byte budget: write-back PUTs wait (then get BUSY) above it, e.g. 4GiB.
     /// Default: a quarter of the data devices, at most 4 GiB.
     #[arg(long, env = "HYDRANT_DIRTY_BYTES_MAX")]
@@ -83,6 +86,7 @@ struct ConfigFile {
     write: Option<String>,
     revalidate: Option<String>,
     dirty_bytes_max: Option<String>,
+    dram_bytes: Option<String>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -117,6 +121,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.write = arguments.write.or(file.write);
     arguments.revalidate = arguments.revalidate.or(file.revalidate);
     arguments.dirty_bytes_max = arguments.dirty_bytes_max.or(file.dirty_bytes_max);
+    arguments.dram_bytes = arguments.dram_bytes.or(file.dram_bytes);
     Ok(arguments)
 }
 
@@ -282,6 +287,15 @@ fn main() -> ExitCode {
         let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
         engine.shards = Some(cores.min(fitting));
     }
+    if let Some(text) = &arguments.dram_bytes {
+        match size_bytes(text) {
+            Ok(bytes) => engine.dram_bytes = bytes,
+            Err(error) => {
+                eprintln!("hydrant-server: --dram-bytes: {error}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     engine.origins = match origins(&arguments, &devices) {
         Ok(origins) => origins,
         Err(error) => {
@@ -298,6 +312,7 @@ fn main() -> ExitCode {
         ),
         None => "; no origin".to_string(),
     };
+    let dram_mib = engine.dram_bytes >> 20;
     let token = match &arguments.token_file {
         Some(path) => match std::fs::read(path) {
             Ok(bytes) => Some(bytes.trim_ascii().to_vec()),
@@ -336,10 +351,11 @@ fn main() -> ExitCode {
         .map(|address| format!("; metrics on http://{address}/metrics"))
         .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; data: {}{origin_text}{metrics}",
+        "hydrant-server listening on {} with {} shards; data: {}; DRAM tier {} MiB{origin_text}{metrics}",
         server.address(),
         server.shard_count(),
-        data.join(", ")
+        data.join(", "),
+        dram_mib
     );
     let signal = wait_for_stop_signal(&signals);
     eprintln!("hydrant-server: signal {signal}, stopping");

@@ -71,10 +71,34 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&ShardStats) -> u64;
-    let engine_metrics: [(&str, &str, &str, Field); 15] = [
+    let engine_metrics: [(&str, &str, &str, Field); 19] = [
         ("hydrant_objects", "gauge", "Objects stored.", |stats| {
             stats.objects
         }),
+        (
+            "hydrant_dram_hits_total",
+            "counter",
+            "Reads answered by the DRAM tier.",
+            |stats| stats.dram.hits,
+        ),
+        (
+            "hydrant_dram_misses_total",
+            "counter",
+            "Reads of stored objects the DRAM tier did not hold.",
+            |stats| stats.dram.misses,
+        ),
+        (
+            "hydrant_dram_bytes",
+            "gauge",
+            "Bytes of objects held by the DRAM tier.",
+            |stats| stats.dram.bytes,
+        ),
+        (
+            "hydrant_dram_capacity_bytes",
+            "gauge",
+            "The DRAM tier's capacity.",
+            |stats| stats.dram.capacity_bytes,
+        ),
         (
             "hydrant_object_bytes",
             "gauge",
@@ -265,7 +289,9 @@ pub fn gather(
     let calls: Vec<_> = (0..engine.shard_count())
         .map(|shard| {
             engine.on_shard(shard, |cache| async move {
-                Ok((cache.store().stats(), snapshot()))
+                let mut stats = cache.store().stats();
+                stats.dram = cache.dram_stats();
+                Ok((stats, snapshot()))
             })
         })
         .collect();

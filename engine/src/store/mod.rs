@@ -163,6 +163,8 @@ pub struct ShardStats {
     pub ring_defer_taskrun: bool,
     /// Why the store stopped accepting writes, if it did.
     pub failure: Option<String>,
+    /// The shard's DRAM tier in front of this store (filled in by the engine).
+    pub dram: crate::tier::dram::DramStats,
 }
 
 /// The operations in progress on one key. Versions are ordered by seq, but operations finish
@@ -334,6 +336,14 @@ impl Store {
 
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    /// Note a read of `key` served elsewhere (the DRAM tier): it sets the visited bit that
+    /// reclaim's SIEVE decision reads, as a read of the store would.
+    pub fn touch(&self, key: &ObjectKey) {
+        if let Some(record) = self.index.borrow_mut().get_mut(key) {
+            record.flags |= RECORD_FLAG_VISITED;
+        }
     }
 
     /// The object's metadata, without reading its data.
@@ -911,6 +921,7 @@ impl Store {
             arena: self.arena.info(),
             ring_defer_taskrun: crate::rt::current_reactor().info().defer_taskrun,
             failure: self.failure.borrow().clone(),
+            dram: Default::default(),
         }
     }
 }

@@ -1,0 +1,224 @@
+//! The DRAM tier: a shard's hottest whole objects in memory, chosen by hydrant's policy (SIEVE
+//! behind an adaptive W-TinyLFU admission filter, `policy::TinyLfuSieve`), sized in bytes.
+//!
+//! An entry is tied to the version (`seq`) it was read from: a lookup names the version NVMe
+//! holds now, and an entry of another version is a miss, so a write or a delete never needs to
+//! reach the tier to keep it correct (writes still drop their key, to give the memory back
+//! sooner).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::rc::Rc;
+
+use crate::policy::{Access, Capacity, EvictionPolicy, TinyLfuSieve};
+use crate::store::ObjectKey;
+
+/// A tier holds objects up to this share of its capacity, so one object never flushes it.
+const OBJECT_SHARE_OF_CAPACITY: u64 = 16;
+/// And never objects larger than this: bigger reads are bound by bandwidth, not latency.
+pub const DRAM_OBJECT_BYTES_MAX: u64 = 4 << 20;
+
+struct Resident {
+    key: ObjectKey,
+    seq: u64,
+    data: Rc<[u8]>,
+}
+
+/// What a lookup found.
+pub enum Lookup {
+    /// The object's bytes, for the version asked.
+    Hit(Rc<[u8]>),
+    /// Not held, but admitted: read the object whole and `fill` it.
+    Fill,
+    /// Not held and not admitted (or not a whole-object read): read NVMe only.
+    Pass,
+}
+
+/// Counters of one shard's DRAM tier.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DramStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub objects: u64,
+    pub bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+pub struct DramTier {
+    policy: RefCell<TinyLfuSieve>,
+    residents: RefCell<HashMap<u64, Resident>>,
+    evicted: RefCell<Vec<u64>>,
+    /// A fixed seed: keys only steer the policy's sketch, and a collision costs a miss.
+    hasher: foldhash::fast::FixedState,
+    object_bytes_max: u64,
+    stats: RefCell<DramStats>,
+}
+
+impl DramTier {
+    /// A tier of `capacity_bytes`, or `None` for 0 (no DRAM tier).
+    pub fn new(capacity_bytes: u64) -> Option<DramTier> {
+        if capacity_bytes == 0 {
+            return None;
+        }
+        Some(DramTier {
+            policy: RefCell::new(TinyLfuSieve::new(Capacity::Bytes(capacity_bytes))),
+            residents: RefCell::default(),
+            evicted: RefCell::default(),
+            hasher: foldhash::fast::FixedState::with_seed(0x6879_6472_616e_7421),
+            object_bytes_max: (capacity_bytes / OBJECT_SHARE_OF_CAPACITY)
+                .min(DRAM_OBJECT_BYTES_MAX),
+            stats: RefCell::new(DramStats {
+                capacity_bytes,
+                ..DramStats::default()
+            }),
+        })
+    }
+
+    fn hash(&self, key: &ObjectKey) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
+    }
+
+    /// A read of `key`, whose version on NVMe is `seq` and whose size is `bytes`; `whole` when
+    /// the read wants the whole object (only those are admitted). Counts a hit or a miss.
+    pub fn lookup(&self, key: &ObjectKey, seq: u64, bytes: u64, whole: bool) -> Lookup {
+        let hash = self.hash(key);
+        let held = self
+            .residents
+            .borrow()
+            .get(&hash)
+            .filter(|resident| resident.seq == seq && resident.key == *key)
+            .map(|resident| resident.data.clone());
+        if bytes > self.object_bytes_max || !whole {
+            // Not the tier's kind of read: a hit is served, nothing is admitted.
+            return self.count(held.map_or(Lookup::Pass, Lookup::Hit));
+        }
+        let access = {
+            let mut evicted = self.evicted.borrow_mut();
+            let access = self.policy.borrow_mut().access(hash, bytes, &mut evicted);
+            self.drop_evicted(&mut evicted);
+            access
+        };
+        let lookup = match (access, held) {
+            (Access::Hit, Some(data)) => Lookup::Hit(data),
+            (Access::Hit, None) | (Access::MissAdmitted, _) => Lookup::Fill,
+            (Access::MissRejected, _) => Lookup::Pass,
+        };
+        self.count(lookup)
+    }
+
+    fn count(&self, lookup: Lookup) -> Lookup {
+        let mut stats = self.stats.borrow_mut();
+        match lookup {
+            Lookup::Hit(_) => stats.hits += 1,
+            Lookup::Fill | Lookup::Pass => stats.misses += 1,
+        }
+        lookup
+    }
+
+    /// The bytes of version `seq` of `key`, read after a `Fill`.
+    pub fn fill(&self, key: &ObjectKey, seq: u64, data: &[u8]) {
+        let hash = self.hash(key);
+        if !self.policy.borrow().contains(hash) {
+            return; // evicted between the lookup and the read
+        }
+        let resident = Resident {
+            key: key.clone(),
+            seq,
+            data: Rc::from(data),
+        };
+        let mut stats = self.stats.borrow_mut();
+        stats.bytes += data.len() as u64;
+        stats.objects += 1;
+        if let Some(replaced) = self.residents.borrow_mut().insert(hash, resident) {
+            stats.bytes -= replaced.data.len() as u64;
+            stats.objects -= 1;
+        }
+    }
+
+    /// Forget `key` (written or deleted: its entry can only miss now).
+    pub fn invalidate(&self, key: &ObjectKey) {
+        let hash = self.hash(key);
+        let mut residents = self.residents.borrow_mut();
+        if residents
+            .get(&hash)
+            .is_some_and(|resident| resident.key == *key)
+        {
+            let removed = residents.remove(&hash).expect("present");
+            let mut stats = self.stats.borrow_mut();
+            stats.bytes -= removed.data.len() as u64;
+            stats.objects -= 1;
+            self.policy.borrow_mut().remove(hash);
+        }
+    }
+
+    fn drop_evicted(&self, evicted: &mut Vec<u64>) {
+        let mut residents = self.residents.borrow_mut();
+        let mut stats = self.stats.borrow_mut();
+        for hash in evicted.drain(..) {
+            if let Some(removed) = residents.remove(&hash) {
+                stats.bytes -= removed.data.len() as u64;
+                stats.objects -= 1;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> DramStats {
+        *self.stats.borrow()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("data", name).unwrap()
+    }
+
+    #[test]
+    fn a_filled_object_is_served_for_its_version_only() {
+        let tier = DramTier::new(1 << 20).unwrap();
+        let object = key("a");
+        assert!(matches!(tier.lookup(&object, 7, 100, true), Lookup::Fill));
+        tier.fill(&object, 7, &[5u8; 100]);
+        match tier.lookup(&object, 7, 100, true) {
+            Lookup::Hit(data) => assert_eq!(&data[..], &[5u8; 100][..]),
+            _ => panic!("a filled object is a hit"),
+        }
+        // Another version on NVMe (a newer write): a miss, refilled.
+        assert!(matches!(tier.lookup(&object, 8, 100, true), Lookup::Fill));
+        tier.invalidate(&object);
+        assert_eq!(tier.stats().objects, 0);
+        assert_eq!(tier.stats().bytes, 0);
+    }
+
+    #[test]
+    fn large_objects_and_partial_reads_are_not_admitted() {
+        let tier = DramTier::new(1 << 20).unwrap();
+        // 1 MiB / 16 = 64 KiB is the largest object this tier takes.
+        assert!(matches!(
+            tier.lookup(&key("big"), 1, 65_537, true),
+            Lookup::Pass
+        ));
+        assert!(matches!(
+            tier.lookup(&key("part"), 1, 100, false),
+            Lookup::Pass
+        ));
+        assert_eq!(tier.stats().misses, 2);
+    }
+
+    #[test]
+    fn memory_stays_within_capacity_under_churn() {
+        let capacity = 256 * 1024;
+        let tier = DramTier::new(capacity).unwrap();
+        for round in 0..20_000u64 {
+            let object = key(&format!("k{}", round % 997));
+            if let Lookup::Fill = tier.lookup(&object, 1, 4096, true) {
+                tier.fill(&object, 1, &[1u8; 4096]);
+            }
+            assert!(tier.stats().bytes <= capacity, "round {round}");
+        }
+        assert!(tier.stats().hits > 0);
+    }
+}

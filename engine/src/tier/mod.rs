@@ -1,0 +1,3 @@
+//! The tiers in front of the NVMe store. Today: the DRAM tier ([`dram::DramTier`]).
+
+pub mod dram;
