@@ -31,14 +31,18 @@ const GRID_STEP: f64 = 0.05;
 const WHITE: [u8; 3] = [255, 255, 255];
 const BLACK: [u8; 3] = [0, 0, 0];
 const GRID: [u8; 3] = [225, 225, 225];
-/// Line colours, one per series in order (the common "category 10" palette's first five).
-const PALETTE: [[u8; 3]; 6] = [
+/// Line colours, one per series in order (the common "category 10" palette).
+const PALETTE: [[u8; 3]; 10] = [
     [214, 39, 40],
     [255, 127, 14],
     [31, 119, 180],
     [44, 160, 44],
     [148, 103, 189],
     [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+    [188, 189, 34],
+    [23, 190, 207],
 ];
 
 /// How the y axis maps values.

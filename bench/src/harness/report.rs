@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::schema::RunReport;
+use super::schema::{RunReport, ThroughputSample};
 use super::{table_rows, TABLE_HEADER};
 use crate::plot::{self, Axes, Scale, Series};
 
@@ -12,13 +12,15 @@ pub struct ReportArgs {
     /// Reports written by the workloads' `--json`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-    /// Write latency-percentiles.png and throughput.png here.
+    /// Write latency-percentiles.png, throughput-operations.png and throughput-mebibytes.png
+    /// here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 pub const LATENCY_PLOT: &str = "latency-percentiles.png";
-pub const THROUGHPUT_PLOT: &str = "throughput.png";
+pub const THROUGHPUT_OPERATIONS_PLOT: &str = "throughput-operations.png";
+pub const THROUGHPUT_MEBIBYTES_PLOT: &str = "throughput-mebibytes.png";
 
 pub fn report(args: &ReportArgs) -> Result<(), String> {
     let reports = args
@@ -30,7 +32,20 @@ pub fn report(args: &ReportArgs) -> Result<(), String> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).map_err(|error| format!("{}: {error}", out.display()))?;
         plot_latency(&out.join(LATENCY_PLOT), &reports)?;
-        plot_throughput(&out.join(THROUGHPUT_PLOT), &reports)?;
+        // Operations and bytes per second apart: runs of small and large objects differ by
+        // orders of magnitude in one and not the other.
+        plot_throughput(
+            &out.join(THROUGHPUT_OPERATIONS_PLOT),
+            &reports,
+            "operations/s",
+            |sample| sample.operations_per_second,
+        )?;
+        plot_throughput(
+            &out.join(THROUGHPUT_MEBIBYTES_PLOT),
+            &reports,
+            "MiB/s",
+            |sample| sample.mebibytes_per_second,
+        )?;
         eprintln!("plots written to {}", out.display());
     }
     Ok(())
@@ -112,7 +127,12 @@ fn plot_latency(path: &Path, reports: &[RunReport]) -> Result<(), String> {
     plot::write_chart(path, &axes, &labels, &series)
 }
 
-fn plot_throughput(path: &Path, reports: &[RunReport]) -> Result<(), String> {
+fn plot_throughput(
+    path: &Path,
+    reports: &[RunReport],
+    y_title: &str,
+    rate: impl Fn(&ThroughputSample) -> f64,
+) -> Result<(), String> {
     let longest = reports
         .iter()
         .map(|report| report.throughput_samples.len())
@@ -123,16 +143,12 @@ fn plot_throughput(path: &Path, reports: &[RunReport]) -> Result<(), String> {
         .iter()
         .map(|report| Series {
             name: report.label.clone(),
-            points: report
-                .throughput_samples
-                .iter()
-                .map(|sample| sample.operations_per_second)
-                .collect(),
+            points: report.throughput_samples.iter().map(&rate).collect(),
         })
         .collect();
     let axes = Axes {
         x_title: "seconds",
-        y_title: "operations/s",
+        y_title,
         scale: Scale::Linear,
     };
     plot::write_chart(path, &axes, &labels, &series)
@@ -184,7 +200,11 @@ mod tests {
             out: Some(directory.clone()),
         })
         .expect("report");
-        for plot in [LATENCY_PLOT, THROUGHPUT_PLOT] {
+        for plot in [
+            LATENCY_PLOT,
+            THROUGHPUT_OPERATIONS_PLOT,
+            THROUGHPUT_MEBIBYTES_PLOT,
+        ] {
             let png = std::fs::read(directory.join(plot)).expect(plot);
             assert_eq!(&png[1..4], b"PNG");
         }

@@ -248,11 +248,14 @@ pub fn print(report: &ShardsReport) {
             verdict(reader.passed),
         );
     }
-    println!(
-        "overall: {} (every reader at least {:.0}% busy)",
-        verdict(report.passed),
-        report.utilisation_bar_percent
-    );
+    match report.passed {
+        Some(passed) => println!(
+            "overall: {} (the bar: every reader's accelerator at least {:.0}% busy)",
+            verdict(Some(passed)),
+            report.utilisation_bar_percent
+        ),
+        None => println!("overall: {}", verdict(None)),
+    }
 }
 
 #[cfg(test)]
