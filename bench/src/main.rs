@@ -8,10 +8,15 @@
 //! - `demo`: the engine on its embedded defaults, for a first look.
 //! - `trace`: eviction policies replaying a cache trace, miss ratios side by side.
 //! - `policy-ops`: eviction policies' operations per second on one core.
+//! - `get`, `put`, `mixed`, `shards`, `checkpoint`: workloads against running servers (issue 6),
+//!   a table and a versioned JSON report each; `report` compares such reports in a table and plots.
+//! - `fio-report`: the JSON reports of `fio-profiles/run.sh` as one table.
 
 mod alloc_counter;
 mod engine_bench;
 mod fio;
+mod fio_report;
+mod harness;
 mod origin_bench;
 mod plot;
 mod policy_bench;
@@ -52,12 +57,37 @@ enum Command {
     Trace(policy_bench::TraceArgs),
     /// Eviction policies' hits and misses per second on one core.
     PolicyOps(policy_bench::PolicyOpsArgs),
+    /// GETs against running servers, keys uniform or Zipf (loaded first unless --no-load).
+    Get(harness::key_value::KeyValueArgs),
+    /// PUTs against running servers, keys uniform or Zipf.
+    Put(harness::key_value::KeyValueArgs),
+    /// GETs and PUTs (--read-fraction) against running servers.
+    Mixed(harness::key_value::MixedArgs),
+    /// Simulated accelerators streaming shard objects; throughput and accelerator utilisation
+    /// against MLPerf Storage's 90% bar.
+    Shards(harness::shards::ShardsArgs),
+    /// A burst of large PUTs by several writers, then FLUSH: time to acknowledged and to flushed.
+    Checkpoint(harness::checkpoint::CheckpointArgs),
+    /// Compare workload runs from their --json reports: a table, and plots with --out.
+    Report(harness::report::ReportArgs),
+    /// The JSON reports of fio-profiles/run.sh as one markdown table.
+    FioReport(fio_report::FioReportArgs),
     /// Store, read and reopen a few objects on the embedded defaults (./hydrant-data).
     Demo {
         /// The data file (created with 1 GiB if absent).
         #[arg(long, default_value = "hydrant-data/data.hyd")]
         path: PathBuf,
     },
+}
+
+/// Run a workload with Ctrl-C caught, then print its table and write its JSON.
+fn workload(
+    common: &harness::CommonArgs,
+    run: impl FnOnce() -> Result<harness::schema::RunReport, String>,
+) -> Result<(), String> {
+    harness::interrupt::install();
+    let report = run()?;
+    harness::publish(&report, common.json.as_ref())
 }
 
 fn main() -> ExitCode {
@@ -70,6 +100,17 @@ fn main() -> ExitCode {
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),
+        Command::Get(args) => workload(&args.common, || harness::key_value::get(&args)),
+        Command::Put(args) => workload(&args.common, || harness::key_value::put(&args)),
+        Command::Mixed(args) => {
+            workload(&args.key_value.common, || harness::key_value::mixed(&args))
+        }
+        Command::Shards(args) => workload(&args.common, || harness::shards::shards(&args)),
+        Command::Checkpoint(args) => {
+            workload(&args.common, || harness::checkpoint::checkpoint(&args))
+        }
+        Command::Report(args) => harness::report::report(&args),
+        Command::FioReport(args) => fio_report::fio_report(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

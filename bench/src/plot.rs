@@ -1,4 +1,5 @@
-//! A small line chart written as a PNG: miss ratio (y) against cache size (x), one line per policy.
+//! A small line chart written as a PNG, one line per series: miss ratio against cache size, latency
+//! percentiles per run, throughput over time.
 //!
 //! Written here instead of pulling in a plotting crate: an RGB canvas, straight lines, a 3×5 pixel
 //! font for the labels, and a PNG encoder of a few chunks (zlib and CRC-32 from flate2, which the
@@ -30,19 +31,59 @@ const GRID_STEP: f64 = 0.05;
 const WHITE: [u8; 3] = [255, 255, 255];
 const BLACK: [u8; 3] = [0, 0, 0];
 const GRID: [u8; 3] = [225, 225, 225];
-/// Line colours, one per series in order (the common "category 10" palette's first five).
-const PALETTE: [[u8; 3]; 6] = [
+/// Line colours, one per series in order (the common "category 10" palette).
+const PALETTE: [[u8; 3]; 10] = [
     [214, 39, 40],
     [255, 127, 14],
     [31, 119, 180],
     [44, 160, 44],
     [148, 103, 189],
     [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+    [188, 189, 34],
+    [23, 190, 207],
 ];
 
-/// Draws the chart and writes it to `path`.
+/// How the y axis maps values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    /// Values between 0 and 1, gridded every `GRID_STEP` (miss ratios).
+    Ratio,
+    /// From 0 up, gridded at a round step (throughput).
+    Linear,
+    /// Powers of ten (latencies spanning microseconds to seconds).
+    Logarithmic,
+}
+
+/// Axis titles and the y scale of a chart.
+pub struct Axes<'a> {
+    pub x_title: &'a str,
+    pub y_title: &'a str,
+    pub scale: Scale,
+}
+
+const MISS_RATIO_AXES: Axes<'static> = Axes {
+    x_title: "cache size",
+    y_title: "miss ratio",
+    scale: Scale::Ratio,
+};
+/// Linear axes aim for about this many grid lines.
+const LINEAR_GRID_LINES: f64 = 8.0;
+
+/// Draws the miss-ratio chart and writes it to `path`.
 pub fn write_line_chart(path: &Path, x_labels: &[String], series: &[Series]) -> Result<(), String> {
-    let canvas = draw(x_labels, series);
+    write_chart(path, &MISS_RATIO_AXES, x_labels, series)
+}
+
+/// Draws a chart with `axes` and writes it to `path`.
+pub fn write_chart(
+    path: &Path,
+    axes: &Axes,
+    x_labels: &[String],
+    series: &[Series],
+) -> Result<(), String> {
+    let canvas = draw(axes, x_labels, series);
     let png = encode_png(&canvas).map_err(|error| format!("encoding the plot: {error}"))?;
     std::fs::write(path, png).map_err(|error| format!("{}: {error}", path.display()))
 }
@@ -124,7 +165,7 @@ fn text_width(text: &str) -> usize {
     text.chars().count() * GLYPH_ADVANCE_PIXELS
 }
 
-fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
+fn draw(axes: &Axes, x_labels: &[String], series: &[Series]) -> Canvas {
     let mut canvas = Canvas::new();
     let plot_left = MARGIN_LEFT;
     let plot_right = WIDTH - MARGIN_RIGHT;
@@ -136,12 +177,10 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
         (low.min(value), high.max(value))
     });
     let (low, high) = if low > high { (0.0, 1.0) } else { (low, high) };
-    let y_min = ((low / GRID_STEP).floor() * GRID_STEP).max(0.0);
-    let y_max = ((high / GRID_STEP).ceil() * GRID_STEP)
-        .min(1.0)
-        .max(y_min + GRID_STEP);
+    let range = YRange::of(axes.scale, low, high);
+    let (y_min, y_max) = (range.min, range.max);
     let y_of = |value: f64| -> i64 {
-        let fraction = (value - y_min) / (y_max - y_min);
+        let fraction = (range.position(value) - y_min) / (y_max - y_min);
         plot_bottom as i64 - (fraction * (plot_bottom - plot_top) as f64).round() as i64
     };
     let points = x_labels.len().max(1);
@@ -153,24 +192,20 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
         }
     };
 
-    // Grid and y labels.
-    let grid_step = if (y_max - y_min) / GRID_STEP > 12.0 {
-        GRID_STEP * 2.0
-    } else {
-        GRID_STEP
-    };
+    // Grid and y labels; ticks are in the range's own units (exponents on a log scale).
     let mut tick = y_min;
     while tick <= y_max + 1e-9 {
-        let y = y_of(tick);
+        let value = range.value(tick);
+        let y = y_of(value);
         canvas.line((plot_left as i64, y), (plot_right as i64, y), 1, GRID);
-        let label = format!("{tick:.2}");
+        let label = range.label(value);
         canvas.text(
             plot_left - text_width(&label) - 8,
             (y as usize).saturating_sub(5),
             &label,
             BLACK,
         );
-        tick += grid_step;
+        tick += range.step;
     }
     // Axes.
     canvas.line(
@@ -185,8 +220,19 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
         1,
         BLACK,
     );
-    // X labels.
+    // X labels, every `label_every`-th one when drawing all would make them overlap.
+    let label_width = x_labels
+        .iter()
+        .map(|label| text_width(label))
+        .max()
+        .unwrap_or(0);
+    let label_every = ((label_width + GLYPH_ADVANCE_PIXELS) * points)
+        .div_ceil(plot_right - plot_left)
+        .max(1);
     for (index, label) in x_labels.iter().enumerate() {
+        if index % label_every != 0 {
+            continue;
+        }
         let x = x_of(index) as usize;
         canvas.line(
             (x as i64, plot_bottom as i64),
@@ -201,14 +247,13 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
             BLACK,
         );
     }
-    let x_title = "cache size";
     canvas.text(
-        (plot_left + plot_right - text_width(x_title)) / 2,
+        (plot_left + plot_right - text_width(axes.x_title)) / 2,
         HEIGHT - 30,
-        x_title,
+        axes.x_title,
         BLACK,
     );
-    canvas.text(plot_left, plot_top - 30, "miss ratio", BLACK);
+    canvas.text(plot_left, plot_top - 30, axes.y_title, BLACK);
 
     // Lines, markers and the legend.
     for (number, line) in series.iter().enumerate() {
@@ -222,8 +267,11 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
         for pair in coordinates.windows(2) {
             canvas.line(pair[0], pair[1], LINE_THICKNESS_PIXELS, colour);
         }
-        for &(x, y) in &coordinates {
-            canvas.square(x, y, MARKER_PIXELS, colour);
+        // Markers only where they stay apart; a dense series is a line.
+        if coordinates.len() * MARKER_PIXELS as usize * 2 <= plot_right - plot_left {
+            for &(x, y) in &coordinates {
+                canvas.square(x, y, MARKER_PIXELS, colour);
+            }
         }
         let legend_y = plot_top + 10 + number * 24;
         canvas.line(
@@ -235,6 +283,94 @@ fn draw(x_labels: &[String], series: &[Series]) -> Canvas {
         canvas.text(plot_right + 58, legend_y, &line.name, BLACK);
     }
     canvas
+}
+
+/// The y axis's extent in its own units (values, or exponents of ten on a log scale), and the
+/// step between grid lines.
+struct YRange {
+    scale: Scale,
+    min: f64,
+    max: f64,
+    step: f64,
+}
+
+impl YRange {
+    fn of(scale: Scale, low: f64, high: f64) -> YRange {
+        match scale {
+            Scale::Ratio => {
+                let min = ((low / GRID_STEP).floor() * GRID_STEP).max(0.0);
+                let max = ((high / GRID_STEP).ceil() * GRID_STEP)
+                    .min(1.0)
+                    .max(min + GRID_STEP);
+                let step = if (max - min) / GRID_STEP > 12.0 {
+                    GRID_STEP * 2.0
+                } else {
+                    GRID_STEP
+                };
+                YRange {
+                    scale,
+                    min,
+                    max,
+                    step,
+                }
+            }
+            Scale::Linear => {
+                let step = round_step(high.max(f64::MIN_POSITIVE) / LINEAR_GRID_LINES);
+                YRange {
+                    scale,
+                    min: 0.0,
+                    max: ((high / step).ceil() * step).max(step),
+                    step,
+                }
+            }
+            Scale::Logarithmic => {
+                let min = low.max(f64::MIN_POSITIVE).log10().floor();
+                let max = high.max(f64::MIN_POSITIVE).log10().ceil().max(min + 1.0);
+                YRange {
+                    scale,
+                    min,
+                    max,
+                    step: 1.0,
+                }
+            }
+        }
+    }
+
+    /// A value's position on the axis, in the range's units.
+    fn position(&self, value: f64) -> f64 {
+        match self.scale {
+            Scale::Logarithmic => value.max(f64::MIN_POSITIVE).log10(),
+            Scale::Ratio | Scale::Linear => value,
+        }
+    }
+
+    /// The value at a position on the axis.
+    fn value(&self, position: f64) -> f64 {
+        match self.scale {
+            Scale::Logarithmic => 10f64.powf(position),
+            Scale::Ratio | Scale::Linear => position,
+        }
+    }
+
+    fn label(&self, value: f64) -> String {
+        match self.scale {
+            Scale::Ratio => format!("{value:.2}"),
+            Scale::Linear if self.step >= 1.0 => format!("{value:.0}"),
+            Scale::Linear => format!("{value:.2}"),
+            Scale::Logarithmic if value >= 1.0 => format!("{value:.0}"),
+            Scale::Logarithmic => format!("{value}"),
+        }
+    }
+}
+
+/// The smallest of 1, 2 or 5 times a power of ten that is at least `raw`.
+fn round_step(raw: f64) -> f64 {
+    let power = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|factor| factor * power)
+        .find(|&step| step >= raw)
+        .unwrap_or(10.0 * power)
 }
 
 /// A 3×5 glyph, one row per entry, the leftmost cell in bit 2. Letters have one (capital) shape
@@ -256,6 +392,7 @@ fn glyph(character: char) -> [u8; 5] {
         ':' => [0b000, 0b010, 0b000, 0b010, 0b000],
         '%' => [0b101, 0b001, 0b010, 0b100, 0b101],
         '-' => [0b000, 0b000, 0b111, 0b000, 0b000],
+        '/' => [0b001, 0b001, 0b010, 0b100, 0b100],
         '_' => [0b000, 0b000, 0b000, 0b000, 0b111],
         '(' => [0b010, 0b100, 0b100, 0b100, 0b010],
         ')' => [0b010, 0b001, 0b001, 0b001, 0b010],
@@ -335,6 +472,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn linear_steps_are_round_and_cover_the_values() {
+        assert_eq!(round_step(0.7), 1.0);
+        assert_eq!(round_step(1.3), 2.0);
+        assert_eq!(round_step(3.0), 5.0);
+        assert_eq!(round_step(1_234.0), 2_000.0);
+        let range = YRange::of(Scale::Linear, 10.0, 95_000.0);
+        assert_eq!(
+            (range.min, range.step, range.max),
+            (0.0, 20_000.0, 100_000.0)
+        );
+    }
+
+    #[test]
+    fn logarithmic_ranges_span_whole_powers_of_ten() {
+        let range = YRange::of(Scale::Logarithmic, 42.0, 15_000.0);
+        assert_eq!((range.min, range.max, range.step), (1.0, 5.0, 1.0));
+        assert_eq!(range.label(range.value(2.0)), "100");
+        assert!((range.position(1_000.0) - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn the_png_decodes_to_the_canvas() {
         let series = vec![
             Series {
@@ -347,7 +505,7 @@ mod tests {
             },
         ];
         let labels = ["10", "100", "1000"].map(String::from);
-        let canvas = draw(&labels, &series);
+        let canvas = draw(&MISS_RATIO_AXES, &labels, &series);
         let png = encode_png(&canvas).expect("encode");
         assert_eq!(&png[..8], &PNG_SIGNATURE);
         assert_eq!(&png[12..16], b"IHDR");
