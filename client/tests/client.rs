@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier, Once};
 use std::time::Duration;
 
 use hydrant_client::{AsyncClient, ClientConfig, ClientError, GetItem, SharedClient};
-use hydrant_proto::message::{HelloResponse, Message, ObjectInfo};
+use hydrant_proto::message::{GetRequest, HelloResponse, Message, ObjectInfo};
 use hydrant_proto::{FrameHeader, Limits, Opcode, Status, FRAME_HEADER_BYTES};
 
 /// The `hydrant-server` binary beside this test's own profile folder. Cargo builds another
@@ -272,6 +272,30 @@ fn a_broken_connection_is_retried_and_a_dead_server_given_up_on() {
 }
 
 #[test]
+fn the_async_client_retries_on_a_new_connection_after_a_restart() {
+    let mut server = ServerProcess::start("async-restart");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = AsyncClient::connect(server.config().retries_max(2))
+            .await
+            .unwrap();
+        let data = pattern(9, 50_000);
+        client.put("data", "durable", &data).await.unwrap();
+        server.restart();
+        let (_, read) = client.get("data", "durable", None).await.unwrap();
+        assert!(read == data);
+        assert_eq!(client.retries_total(), 1);
+        server.kill();
+        let error = client.get("data", "durable", None).await.unwrap_err();
+        assert!(matches!(error, ClientError::Io(_)), "{error}");
+        assert_eq!(client.retries_total(), 3, "then retries_max more");
+    });
+}
+
+#[test]
 fn get_into_fills_the_callers_buffer_and_refuses_one_too_small() {
     let server = ServerProcess::start("into");
     let client = SharedClient::connect(server.config()).unwrap();
@@ -429,15 +453,26 @@ fn the_async_client_serves_two_hundred_concurrent_requests_byte_for_byte() {
     });
 }
 
-/// A server that says HELLO and answers each GET with BUSY while `busy_left` is above zero
-/// (counting down), then with the object "ok"; it counts the GETs it saw.
+/// What a scripted server does with GETs.
+#[derive(Clone, Copy)]
+enum Script {
+    /// Answer BUSY ("busy N" for the Nth GET) while N is at most this, then the object "ok".
+    Busy { answers: u64 },
+    /// Hold the answers until this many GETs have arrived, then send them in reverse order,
+    /// each with the requested key as its bytes: a client that waits for an answer before
+    /// sending its next request never gets one.
+    Reversed { gets: usize },
+}
+
+/// A server speaking the protocol through hydrant-proto: HELLO, then GETs as its script says;
+/// it counts the GETs it saw.
 struct ScriptedServer {
     address: String,
     gets: Arc<AtomicU64>,
 }
 
 impl ScriptedServer {
-    fn start(busy_answers: u64) -> ScriptedServer {
+    fn start(script: Script) -> ScriptedServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let gets = Arc::new(AtomicU64::new(0));
@@ -446,7 +481,7 @@ impl ScriptedServer {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
                 let seen = seen.clone();
-                std::thread::spawn(move || serve_script(stream, busy_answers, &seen));
+                std::thread::spawn(move || serve_script(stream, script, &seen));
             }
         });
         ScriptedServer { address, gets }
@@ -456,20 +491,37 @@ impl ScriptedServer {
         ClientConfig::new(std::slice::from_ref(&self.address))
             .retries_max(retries)
             .backoff(Duration::from_millis(1), Duration::from_millis(10))
+            .request_timeout(Duration::from_secs(10))
     }
 }
 
-fn serve_script(mut stream: TcpStream, busy_answers: u64, gets: &AtomicU64) {
+fn answer_frame(
+    request: &FrameHeader,
+    status: Status,
+    extension: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    let header = FrameHeader::response(request, status as u8, extension, payload);
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(extension);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+fn serve_script(mut stream: TcpStream, script: Script, gets: &AtomicU64) {
     let limits = Limits::default();
+    let mut held: Vec<Vec<u8>> = Vec::new();
     loop {
         let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
         if stream.read_exact(&mut header_bytes).is_err() {
             return;
         }
         let header = FrameHeader::decode(&header_bytes, &limits).unwrap();
-        let mut body = vec![0u8; header.extension_len as usize + header.payload_len as usize];
-        stream.read_exact(&mut body).unwrap();
-        let (status, extension, payload) = match header.opcode {
+        let mut extension = vec![0u8; header.extension_len as usize];
+        stream.read_exact(&mut extension).unwrap();
+        let mut payload = vec![0u8; header.payload_len as usize];
+        stream.read_exact(&mut payload).unwrap();
+        let answer = match header.opcode {
             Opcode::Hello => {
                 let greeting = HelloResponse {
                     version: 1,
@@ -479,48 +531,104 @@ fn serve_script(mut stream: TcpStream, busy_answers: u64, gets: &AtomicU64) {
                     shard_count: 1,
                     placement_hash: 1,
                 };
-                (Status::Ok, greeting.encode(), Vec::new())
+                answer_frame(&header, Status::Ok, &greeting.encode(), &[])
             }
             Opcode::Get => {
                 let count = gets.fetch_add(1, Ordering::SeqCst) + 1;
-                if count <= busy_answers {
-                    (
+                let key = GetRequest::decode(&extension).unwrap().name.key;
+                let object = |bytes: &[u8]| ObjectInfo {
+                    object_bytes: bytes.len() as u64,
+                    seq: 1,
+                    dirty: false,
+                    range_start: 0,
+                };
+                match script {
+                    Script::Busy { answers } if count <= answers => answer_frame(
+                        &header,
                         Status::Busy,
-                        Vec::new(),
-                        format!("busy {count}").into_bytes(),
-                    )
-                } else {
-                    let info = ObjectInfo {
-                        object_bytes: 2,
-                        seq: 1,
-                        dirty: false,
-                        range_start: 0,
-                    };
-                    (Status::Ok, info.encode(), b"ok".to_vec())
+                        &[],
+                        format!("busy {count}").as_bytes(),
+                    ),
+                    Script::Busy { .. } => {
+                        answer_frame(&header, Status::Ok, &object(b"ok").encode(), b"ok")
+                    }
+                    Script::Reversed { gets } => {
+                        let info = object(key.as_bytes());
+                        held.push(answer_frame(
+                            &header,
+                            Status::Ok,
+                            &info.encode(),
+                            key.as_bytes(),
+                        ));
+                        if held.len() < gets {
+                            continue;
+                        }
+                        held.drain(..).rev().flatten().collect()
+                    }
                 }
             }
-            _ => (Status::Unsupported, Vec::new(), b"scripted".to_vec()),
+            _ => answer_frame(&header, Status::Unsupported, &[], b"scripted"),
         };
-        let answer = FrameHeader::response(&header, status as u8, &extension, &payload);
-        let mut frame = answer.encode().to_vec();
-        frame.extend_from_slice(&extension);
-        frame.extend_from_slice(&payload);
-        if stream.write_all(&frame).is_err() {
+        if stream.write_all(&answer).is_err() {
             return;
         }
     }
 }
 
 #[test]
+fn pipelined_requests_are_all_sent_before_any_answer_and_matched_out_of_order() {
+    const REQUESTS: usize = 300;
+    let server = ScriptedServer::start(Script::Reversed { gets: REQUESTS });
+    let client = SharedClient::connect(server.config(0).max_connections_per_node(1)).unwrap();
+    let mut pipeline = client.pipeline();
+    for index in 0..REQUESTS {
+        pipeline.get("data", &format!("key-{index}"), None);
+    }
+    let results = pipeline.run().unwrap();
+    for (index, result) in results.iter().enumerate() {
+        assert_eq!(
+            result.as_ref().unwrap().1,
+            format!("key-{index}").as_bytes()
+        );
+    }
+
+    // The async client, one connection: the same, from concurrent tasks.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = AsyncClient::connect(server.config(0).max_connections_per_node(1))
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..REQUESTS)
+            .map(|index| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let key = format!("key-{index}");
+                    let (_, read) = client.get("data", &key, None).await.unwrap();
+                    assert_eq!(read, key.as_bytes());
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    assert_eq!(server.gets.load(Ordering::SeqCst), 2 * REQUESTS as u64);
+}
+
+#[test]
 fn busy_answers_are_retried_until_success_or_retries_max() {
-    let recovering = ScriptedServer::start(2);
+    let recovering = ScriptedServer::start(Script::Busy { answers: 2 });
     let client = SharedClient::connect(recovering.config(4)).unwrap();
     let (_, read) = client.get("data", "key", None).unwrap();
     assert_eq!(read, b"ok");
     assert_eq!(recovering.gets.load(Ordering::SeqCst), 3);
     assert_eq!(client.retries_total(), 2);
 
-    let stuck = ScriptedServer::start(u64::MAX);
+    let stuck = ScriptedServer::start(Script::Busy { answers: u64::MAX });
     let client = SharedClient::connect(stuck.config(3)).unwrap();
     let error = client.get("data", "key", None).unwrap_err();
     assert_eq!(
@@ -548,13 +656,13 @@ fn the_async_client_retries_busy_answers_too() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let recovering = ScriptedServer::start(3);
+        let recovering = ScriptedServer::start(Script::Busy { answers: 3 });
         let client = AsyncClient::connect(recovering.config(4)).await.unwrap();
         let (_, read) = client.get("data", "key", None).await.unwrap();
         assert_eq!(read, b"ok");
         assert_eq!(client.retries_total(), 3);
 
-        let stuck = ScriptedServer::start(u64::MAX);
+        let stuck = ScriptedServer::start(Script::Busy { answers: u64::MAX });
         let client = AsyncClient::connect(stuck.config(2)).await.unwrap();
         let error = client.get("data", "key", None).await.unwrap_err();
         assert_eq!(error.to_string(), "Busy: busy 3");
