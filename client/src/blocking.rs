@@ -608,6 +608,16 @@ impl Client {
 mod tests {
     use super::*;
 
+    /// Threads share a client: this stops compiling if a field makes it thread-bound.
+    #[test]
+    fn the_clients_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<SharedClient>();
+        shareable::<Client>();
+        #[cfg(feature = "async")]
+        shareable::<crate::AsyncClient>();
+    }
+
     #[test]
     fn batches_are_split_to_fit_the_limits() {
         let items: Vec<GetItem> = (0..100)
