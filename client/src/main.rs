@@ -1,11 +1,16 @@
 //! `hydrant`: the command-line client.
 //!
 //! Exit status: 0 on success, 3 when the object is not found, 1 for any other failure (with a
-//! one-line reason on stderr), 2 for bad usage.
+//! one-line reason on stderr), 2 for bad usage. Puts and gets of large objects show a progress
+//! bar on stderr when it is a terminal.
+
+mod progress;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
+
+use progress::ProgressBar;
 
 use clap::{Parser, Subcommand};
 use hydrant_client::{Client, ClientError};
@@ -133,7 +138,11 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
                 }
                 Some(path) => std::fs::read(path).map_err(|error| local_error(path, error))?,
             };
-            let info = connect()?.put(bucket, key, &data)?;
+            let mut bar = ProgressBar::for_stderr();
+            let info = connect()?.put_with_progress(bucket, key, &data, &mut |done, total| {
+                bar.update(done, total)
+            })?;
+            bar.finish();
             eprintln!(
                 "stored {object}: {} bytes, version {}",
                 info.object_bytes, info.seq
@@ -146,7 +155,12 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
         } => {
             let (bucket, key) = split_object(object)?;
             let range = range.as_deref().map(parse_range).transpose()?;
-            let (_, data) = connect()?.get(bucket, key, range)?;
+            let mut bar = ProgressBar::for_stderr();
+            let (_, data) =
+                connect()?.get_with_progress(bucket, key, range, &mut |done, total| {
+                    bar.update(done, total)
+                })?;
+            bar.finish();
             match file.as_deref() {
                 None | Some("-") => std::io::stdout().write_all(&data)?,
                 Some(path) => {

@@ -316,3 +316,47 @@ fn a_one_gib_object_streams_in_and_out() {
         .unwrap();
     assert_eq!(tail, object[(1 << 30) - 10..]);
 }
+
+#[test]
+fn the_cli_draws_a_progress_bar_only_on_a_terminal() {
+    let server = TestServer::start("progress");
+    let address = server.address();
+    let data: Vec<u8> = (0..20u32 << 20).map(|index| (index % 253) as u8).collect();
+    let file = server.directory.join("large.bin");
+    std::fs::write(&file, &data).unwrap();
+    let (code, _, stderr) = hydrant(
+        &address,
+        &["put", "data/large.bin", file.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !stderr.contains('\r'),
+        "no bar when stderr is a pipe: {stderr:?}"
+    );
+
+    // `script` runs the CLI on a pseudo-terminal and copies what it draws to its own stdout.
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        eprintln!("skipped the terminal half: /usr/bin/script (util-linux) is missing");
+        return;
+    }
+    let output_file = server.directory.join("large.out");
+    let command_line = format!(
+        "{} --server {address} get data/large.bin {}",
+        env!("CARGO_BIN_EXE_hydrant"),
+        output_file.display()
+    );
+    let output = Command::new("/usr/bin/script")
+        .args(["-qefc", &command_line, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let drawn = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{drawn}");
+    assert!(
+        drawn.contains("\r[##############################] 20.0/20.0 MiB 100%"),
+        "{drawn:?}"
+    );
+    assert!(drawn.contains("MiB/s"), "{drawn:?}");
+    assert!(std::fs::read(&output_file).unwrap() == data);
+}

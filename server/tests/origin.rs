@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hydrant_client::{Client, ClientError};
+use hydrant_client::{Client, ClientConfig, ClientError};
 use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle};
 use hydrant_proto::Status;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -243,8 +243,15 @@ impl ServerProcess {
         }
     }
 
+    /// A client that does not retry, so that each call sees the server's own answer (an origin
+    /// fault the server gives up on is ORIGIN_UNAVAILABLE at once, not after the client's
+    /// retries).
     fn client(&self) -> Client {
-        Client::connect(std::slice::from_ref(&self.address), Duration::from_secs(60)).unwrap()
+        let config = ClientConfig::new(std::slice::from_ref(&self.address))
+            .connect_timeout(Duration::from_secs(60))
+            .request_timeout(Duration::from_secs(60))
+            .retries_max(0);
+        Client::with_config(config).unwrap()
     }
 
     fn kill(mut self) {

@@ -1,0 +1,652 @@
+//! The blocking client: `SharedClient` (cloneable, used from many threads at once, a pool of
+//! connections per node) and `Client`, the same behind `&mut self` for code written before the
+//! pool.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hydrant_proto::message::{
+    BatchGetRequest, FlushRequest, GetRequest, ListEntries, ListEntry, ListRequest, Message,
+    ObjectInfo, ObjectName, PrefetchRequest, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
+    PREFETCH_KEYS_MAX,
+};
+use hydrant_proto::{Limits, Opcode};
+
+use crate::config::ClientConfig;
+use crate::connection::{Connection, Destination};
+use crate::error::{ClientError, Result};
+use crate::frames::{reborrow, Frame, Progress};
+use crate::pipeline::Pipeline;
+use crate::placement::node_for;
+use crate::pool::NodePool;
+use crate::retry::{retrying, RetryPolicy};
+use crate::{GetItem, ItemResult};
+
+/// A blocking client of one or several hydrant servers that threads share: clones are cheap
+/// and use the same connections, at most `max_connections_per_node` to each node.
+#[derive(Clone)]
+pub struct SharedClient {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) addresses: Vec<String>,
+    pub(crate) pools: Vec<NodePool>,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) retries: AtomicU64,
+}
+
+impl Inner {
+    /// Run `operation` on a connection to node `index`, retried by `policy`.
+    pub(crate) fn on_node<T>(
+        &self,
+        index: usize,
+        policy: &RetryPolicy,
+        mut operation: impl FnMut(&mut Connection) -> Result<T>,
+    ) -> Result<T> {
+        let pool = &self.pools[index];
+        retrying(policy, &self.retries, || {
+            let mut connection = pool.take()?;
+            operation(&mut connection).map_err(|error| error.at(&pool.address))
+        })
+    }
+}
+
+pub(crate) fn object_name(bucket: &str, key: &str) -> ObjectName {
+    ObjectName {
+        bucket: bucket.to_string(),
+        key: key.to_string(),
+    }
+}
+
+pub(crate) fn get_request(
+    bucket: &str,
+    key: &str,
+    range: Option<(u64, Option<u64>)>,
+) -> GetRequest {
+    let (range_start, range_end) = range.unwrap_or((0, None));
+    GetRequest {
+        name: object_name(bucket, key),
+        range_start,
+        range_end,
+    }
+}
+
+impl SharedClient {
+    /// Connect (and say HELLO) to every server of `config`: one connection each now, more as
+    /// threads need them.
+    pub fn connect(config: ClientConfig) -> Result<SharedClient> {
+        if config.servers.is_empty() {
+            return Err(ClientError::Usage("no server given".into()));
+        }
+        let pools: Vec<NodePool> = config
+            .servers
+            .iter()
+            .map(|address| {
+                NodePool::new(
+                    address,
+                    config.token.as_deref(),
+                    config.connect_timeout,
+                    config.request_timeout,
+                    config.max_connections_per_node,
+                )
+            })
+            .collect();
+        for pool in &pools {
+            pool.warm()?;
+        }
+        Ok(SharedClient {
+            inner: Arc::new(Inner {
+                addresses: config.servers.clone(),
+                pools,
+                policy: RetryPolicy::new(&config),
+                retries: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The servers, in the order given (indices of `node_for`).
+    pub fn servers(&self) -> &[String] {
+        &self.inner.addresses
+    }
+
+    /// Retries this client (and its clones) made so far.
+    pub fn retries_total(&self) -> u64 {
+        self.inner.retries.load(Ordering::Relaxed)
+    }
+
+    fn owner(&self, bucket: &str, key: &str) -> usize {
+        node_for(&self.inner.addresses, bucket, key)
+    }
+
+    /// Run `operation` on a connection to the node that owns (bucket, key), with retries.
+    fn on_owner<T>(
+        &self,
+        bucket: &str,
+        key: &str,
+        operation: impl FnMut(&mut Connection) -> Result<T>,
+    ) -> Result<T> {
+        let index = self.owner(bucket, key);
+        self.inner.on_node(index, &self.inner.policy, operation)
+    }
+
+    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectInfo> {
+        self.put_with(bucket, key, data, None)
+    }
+
+    /// `put`, reporting the bytes sent to `progress` (from 0 again if the put is retried).
+    pub fn put_with_progress(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: &[u8],
+        progress: Progress<'_>,
+    ) -> Result<ObjectInfo> {
+        self.put_with(bucket, key, data, Some(progress))
+    }
+
+    fn put_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: &[u8],
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<ObjectInfo> {
+        let extension = PutRequest {
+            name: object_name(bucket, key),
+            object_bytes: data.len() as u64,
+        }
+        .encode();
+        let answer = self.on_owner(bucket, key, |connection| {
+            connection.call_with_progress(Opcode::Put, &extension, data, reborrow(&mut progress))
+        })?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    /// The object (or bytes `start..end` of it, `end` exclusive; `None`: to the end).
+    pub fn get(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        self.get_with(bucket, key, range, None)
+    }
+
+    /// `get`, reporting the bytes received to `progress`.
+    pub fn get_with_progress(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        progress: Progress<'_>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        self.get_with(bucket, key, range, Some(progress))
+    }
+
+    fn get_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        let request = get_request(bucket, key, range);
+        let extension = request.encode();
+        let mut data = Vec::new();
+        let (info, _) = self.on_owner(bucket, key, |connection| {
+            connection.get(
+                &extension,
+                request.range_end,
+                Destination::Grow(&mut data),
+                reborrow(&mut progress),
+            )
+        })?;
+        Ok((info, data))
+    }
+
+    /// The object (or a range of it, as `get`) read into `buffer`; returns its info and the
+    /// bytes read, at the start of `buffer`. A buffer smaller than the answer gets
+    /// `BufferTooSmall` from the answer's header, before the bytes are read.
+    pub fn get_into(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        buffer: &mut [u8],
+    ) -> Result<(ObjectInfo, usize)> {
+        let request = get_request(bucket, key, range);
+        let extension = request.encode();
+        self.on_owner(bucket, key, |connection| {
+            connection.get(
+                &extension,
+                request.range_end,
+                Destination::Fixed(&mut *buffer),
+                None,
+            )
+        })
+    }
+
+    /// Many gets in one request per node: each item's result, in the order asked. With
+    /// `in_order` the servers answer in request order; otherwise as items complete. A request
+    /// that fails as a whole is retried; items that fail on their own are returned as they are.
+    pub fn batch_get(&self, items: &[GetItem], in_order: bool) -> Result<Vec<ItemResult>> {
+        let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); self.inner.pools.len()];
+        for (index, item) in items.iter().enumerate() {
+            per_node[self.owner(&item.bucket, &item.key)].push(index);
+        }
+        let mut results: Vec<Option<ItemResult>> = (0..items.len()).map(|_| None).collect();
+        for (node, indices) in per_node.into_iter().enumerate() {
+            if indices.is_empty() {
+                continue;
+            }
+            let limits = self
+                .inner
+                .on_node(node, &self.inner.policy, |connection| Ok(connection.limits))?;
+            for group in batch_groups(items, &indices, &limits) {
+                let request = BatchGetRequest {
+                    items: group
+                        .iter()
+                        .map(|&position| {
+                            let item = &items[indices[position]];
+                            get_request(&item.bucket, &item.key, item.range)
+                        })
+                        .collect(),
+                };
+                let answers = self.inner.on_node(node, &self.inner.policy, |connection| {
+                    connection.batch(&request, in_order)
+                })?;
+                for (position, answer) in group.into_iter().zip(answers) {
+                    results[indices[position]] = Some(answer);
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every item was sent to a node"))
+            .collect())
+    }
+
+    /// Many GET, PUT and HEAD requests sent together on one connection per node, answered in
+    /// any order; see [`Pipeline`].
+    pub fn pipeline(&self) -> Pipeline<'_> {
+        Pipeline::new(&self.inner)
+    }
+
+    pub fn head(&self, bucket: &str, key: &str) -> Result<ObjectInfo> {
+        let extension = object_name(bucket, key).encode();
+        let answer = self.on_owner(bucket, key, |connection| {
+            connection.call(Opcode::Head, &extension, &[])
+        })?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    pub fn delete(&self, bucket: &str, key: &str) -> Result<()> {
+        let extension = object_name(bucket, key).encode();
+        self.on_owner(bucket, key, |connection| {
+            connection.call(Opcode::Delete, &extension, &[])
+        })?;
+        Ok(())
+    }
+
+    /// The same request to every node, with retries; each node's answer, in node order.
+    fn on_every_node(&self, opcode: Opcode, extension: &[u8]) -> Result<Vec<Frame>> {
+        (0..self.inner.pools.len())
+            .map(|index| {
+                self.inner.on_node(index, &self.inner.policy, |connection| {
+                    connection.call(opcode, extension, &[])
+                })
+            })
+            .collect()
+    }
+
+    /// Up to `limit` keys of `bucket` starting with `prefix`, after `start_after`, in key order,
+    /// gathered from every node.
+    pub fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ListEntry>> {
+        let request = ListRequest {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+            start_after: start_after.map(str::to_string),
+            limit,
+        };
+        let mut entries = Vec::new();
+        for answer in self.on_every_node(Opcode::List, &request.encode())? {
+            entries.extend(ListEntries::decode(&answer.payload)?.entries);
+        }
+        entries.sort_by(|left, right| left.key.cmp(&right.key));
+        entries.truncate(limit as usize);
+        Ok(entries)
+    }
+
+    /// Each server's metrics (Prometheus text), with its address.
+    pub fn stats(&self) -> Result<Vec<(String, String)>> {
+        let answers = self.on_every_node(Opcode::Stats, &[])?;
+        Ok(self
+            .inner
+            .addresses
+            .iter()
+            .zip(answers)
+            .map(|(address, answer)| {
+                (
+                    address.clone(),
+                    String::from_utf8_lossy(&answer.payload).into_owned(),
+                )
+            })
+            .collect())
+    }
+
+    pub fn ping(&self) -> Result<()> {
+        self.on_every_node(Opcode::Ping, &[]).map(drop)
+    }
+
+    /// Read objects of `bucket` under `prefix` through from the origin into the cache of the
+    /// node that owns each; returns (objects, bytes) warmed. With one node the node lists the
+    /// prefix itself; with several, the listing is split by owner.
+    pub fn prefetch(&self, bucket: &str, prefix: &str) -> Result<(u64, u64)> {
+        let nodes = self.inner.pools.len();
+        let mut groups: Vec<Vec<String>> = vec![Vec::new(); nodes];
+        if nodes > 1 {
+            let mut after: Option<String> = None;
+            loop {
+                let page = self.list(bucket, prefix, after.as_deref(), LIST_ENTRIES_MAX as u32)?;
+                let done = page.len() < LIST_ENTRIES_MAX;
+                after = page.last().map(|entry| entry.key.clone());
+                for entry in page {
+                    groups[self.owner(bucket, &entry.key)].push(entry.key);
+                }
+                if done {
+                    break;
+                }
+            }
+        }
+        let (mut objects, mut bytes) = (0, 0);
+        for (index, keys) in groups.into_iter().enumerate() {
+            if nodes > 1 && keys.is_empty() {
+                continue;
+            }
+            let batches: Vec<Vec<String>> = if keys.is_empty() {
+                vec![Vec::new()]
+            } else {
+                keys.chunks(PREFETCH_KEYS_MAX)
+                    .map(<[String]>::to_vec)
+                    .collect()
+            };
+            for keys in batches {
+                let request = PrefetchRequest {
+                    bucket: bucket.to_string(),
+                    prefix: prefix.to_string(),
+                    keys,
+                };
+                let answer = self.long_call(
+                    index,
+                    &self.inner.policy,
+                    Opcode::Prefetch,
+                    &request.encode(),
+                    None,
+                )?;
+                let warmed = PrefetchResult::decode(&answer.extension)?;
+                objects += warmed.objects;
+                bytes += warmed.bytes;
+            }
+        }
+        Ok((objects, bytes))
+    }
+
+    /// Wait until everything written to `bucket` under `prefix` (every bucket with `None`) is
+    /// durable at the origin, on every node, at most `timeout`. Not retried: its TIMEOUT means
+    /// the caller's wait is over.
+    pub fn flush(&self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
+        let request = FlushRequest {
+            bucket: bucket.map(str::to_string),
+            prefix: prefix.to_string(),
+            timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
+        };
+        for index in 0..self.inner.pools.len() {
+            self.long_call(
+                index,
+                &RetryPolicy::never(),
+                Opcode::Flush,
+                &request.encode(),
+                Some(timeout),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A call that may take longer than the request timeout (the server bounds it by
+    /// `server_bound`, or it is a long PREFETCH): the answer timeout is lifted for it.
+    fn long_call(
+        &self,
+        index: usize,
+        policy: &RetryPolicy,
+        opcode: Opcode,
+        extension: &[u8],
+        server_bound: Option<Duration>,
+    ) -> Result<Frame> {
+        self.inner.on_node(index, policy, |connection| {
+            let timeout = connection.request_timeout();
+            connection.set_answer_timeout(server_bound.map(|bound| bound + timeout))?;
+            let answer = connection.call(opcode, extension, &[]);
+            connection.set_answer_timeout(Some(timeout))?;
+            answer
+        })
+    }
+}
+
+/// Split one node's items (positions into `indices`) into batches that fit the negotiated
+/// extension size and item count.
+pub(crate) fn batch_groups(
+    items: &[GetItem],
+    indices: &[usize],
+    limits: &Limits,
+) -> Vec<Vec<usize>> {
+    const COUNT_BYTES: usize = 4;
+    let mut groups = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut bytes = COUNT_BYTES;
+    for (position, &index) in indices.iter().enumerate() {
+        // str16 bucket, str16 key, u64 start, u64 end.
+        let item_bytes = 2 + items[index].bucket.len() + 2 + items[index].key.len() + 16;
+        let full = bytes + item_bytes > limits.extension_bytes_max as usize
+            || current.len() >= limits.batch_items_max as usize;
+        if full && !current.is_empty() {
+            groups.push(std::mem::take(&mut current));
+            bytes = COUNT_BYTES;
+        }
+        current.push(position);
+        bytes += item_bytes;
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
+}
+
+/// A blocking client of one or several hydrant servers, for one thread at a time: a
+/// [`SharedClient`] behind `&mut self`. Use [`Client::shared`] to hand the same connections to
+/// other threads.
+pub struct Client {
+    shared: SharedClient,
+}
+
+impl Client {
+    /// Connect (and say HELLO) to every server in `servers`; `timeout` bounds connecting and
+    /// each wait for an answer. Other settings are `ClientConfig`'s defaults.
+    pub fn connect(servers: &[String], timeout: Duration) -> Result<Client> {
+        Client::connect_with_token(servers, None, timeout)
+    }
+
+    /// Connect with a token, for servers that ask for a proof of it.
+    pub fn connect_with_token(
+        servers: &[String],
+        token: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Client> {
+        Client::with_config(
+            ClientConfig::new(servers)
+                .token(token)
+                .connect_timeout(timeout)
+                .request_timeout(timeout),
+        )
+    }
+
+    /// Connect with every setting of `config`.
+    pub fn with_config(config: ClientConfig) -> Result<Client> {
+        Ok(Client {
+            shared: SharedClient::connect(config)?,
+        })
+    }
+
+    /// A handle on the same connections for other threads.
+    pub fn shared(&self) -> SharedClient {
+        self.shared.clone()
+    }
+
+    pub fn retries_total(&self) -> u64 {
+        self.shared.retries_total()
+    }
+
+    pub fn put(&mut self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectInfo> {
+        self.shared.put(bucket, key, data)
+    }
+
+    pub fn put_with_progress(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        data: &[u8],
+        progress: Progress<'_>,
+    ) -> Result<ObjectInfo> {
+        self.shared.put_with_progress(bucket, key, data, progress)
+    }
+
+    /// The object (or bytes `start..end` of it, `end` exclusive).
+    pub fn get(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        self.shared.get(bucket, key, range)
+    }
+
+    pub fn get_with_progress(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        progress: Progress<'_>,
+    ) -> Result<(ObjectInfo, Vec<u8>)> {
+        self.shared.get_with_progress(bucket, key, range, progress)
+    }
+
+    /// See [`SharedClient::get_into`].
+    pub fn get_into(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        buffer: &mut [u8],
+    ) -> Result<(ObjectInfo, usize)> {
+        self.shared.get_into(bucket, key, range, buffer)
+    }
+
+    /// See [`SharedClient::batch_get`].
+    pub fn batch_get(&mut self, items: &[GetItem], in_order: bool) -> Result<Vec<ItemResult>> {
+        self.shared.batch_get(items, in_order)
+    }
+
+    /// See [`SharedClient::pipeline`].
+    pub fn pipeline(&mut self) -> Pipeline<'_> {
+        self.shared.pipeline()
+    }
+
+    pub fn head(&mut self, bucket: &str, key: &str) -> Result<ObjectInfo> {
+        self.shared.head(bucket, key)
+    }
+
+    pub fn delete(&mut self, bucket: &str, key: &str) -> Result<()> {
+        self.shared.delete(bucket, key)
+    }
+
+    /// See [`SharedClient::list`].
+    pub fn list(
+        &mut self,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ListEntry>> {
+        self.shared.list(bucket, prefix, start_after, limit)
+    }
+
+    pub fn stats(&mut self) -> Result<Vec<(String, String)>> {
+        self.shared.stats()
+    }
+
+    pub fn prefetch(&mut self, bucket: &str, prefix: &str) -> Result<(u64, u64)> {
+        self.shared.prefetch(bucket, prefix)
+    }
+
+    pub fn flush(&mut self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
+        self.shared.flush(bucket, prefix, timeout)
+    }
+
+    pub fn ping(&mut self) -> Result<()> {
+        self.shared.ping()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads share a client: this stops compiling if a field makes it thread-bound.
+    #[test]
+    fn the_clients_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<SharedClient>();
+        shareable::<Client>();
+        #[cfg(feature = "async")]
+        shareable::<crate::AsyncClient>();
+    }
+
+    #[test]
+    fn batches_are_split_to_fit_the_limits() {
+        let items: Vec<GetItem> = (0..100)
+            .map(|index| GetItem {
+                bucket: "datasets".into(),
+                key: format!("{index:0>1000}"),
+                range: None,
+            })
+            .collect();
+        let indices: Vec<usize> = (0..100).collect();
+        let limits = Limits {
+            extension_bytes_max: 64 * 1024,
+            batch_items_max: 40,
+            ..Limits::default()
+        };
+        let groups = batch_groups(&items, &indices, &limits);
+        // About 1,028 bytes per item: 63 fit in 64 KiB, but at most 40 are allowed.
+        assert_eq!(
+            groups.iter().map(Vec::len).collect::<Vec<_>>(),
+            [40, 40, 20]
+        );
+        let tight = Limits {
+            batch_items_max: 4096,
+            ..limits
+        };
+        let groups = batch_groups(&items, &indices, &tight);
+        assert!(groups
+            .iter()
+            .all(|group| 4 + group.len() * 1028 <= 64 * 1024));
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), 100);
+    }
+}

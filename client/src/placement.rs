@@ -1,0 +1,55 @@
+//! Placement of keys on nodes by rendezvous hashing: each (node, bucket, key) gets a score and
+//! the highest wins, so adding or removing a node moves only the keys that node wins or won.
+
+/// A 64-bit mix of bytes (FNV-1a, then a finaliser), for rendezvous scores.
+fn score(node: &str, bucket: &str, key: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node
+        .bytes()
+        .chain([0])
+        .chain(bucket.bytes())
+        .chain([0])
+        .chain(key.bytes())
+    {
+        hash ^= byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^ (hash >> 33)
+}
+
+/// The node (index into `nodes`) that owns (bucket, key): the highest rendezvous score.
+pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
+    (0..nodes.len())
+        .max_by_key(|&index| score(&nodes[index], bucket, key))
+        .expect("at least one node")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_moves_only_the_removed_nodes_keys() {
+        let three: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+        let two: Vec<String> = ["a:1", "c:1"].map(String::from).to_vec();
+        let mut moved = 0;
+        let mut counts = [0usize; 3];
+        for index in 0..3000 {
+            let key = format!("key-{index}");
+            let before = node_for(&three, "b", &key);
+            counts[before] += 1;
+            let after = &two[node_for(&two, "b", &key)];
+            if three[before] != *after {
+                moved += 1;
+                assert_eq!(three[before], "b:1", "only keys of the removed node move");
+            }
+        }
+        assert_eq!(moved, counts[1]);
+        assert!(
+            counts.iter().all(|&count| count > 800),
+            "spread: {counts:?}"
+        );
+    }
+}
