@@ -24,6 +24,7 @@ use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
 use crate::rt::sync::WaitQueue;
 use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, Store};
+use crate::tier::admission::{AdmissionStats, NvmeAdmission};
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
 
@@ -95,6 +96,7 @@ fn stored_seq(store: &Store, key: &ObjectKey) -> Option<u64> {
 pub struct Cache {
     store: Rc<Store>,
     dram: Option<DramTier>,
+    admission: Rc<NvmeAdmission>,
     origin: Option<ShardOrigin>,
     locks: Rc<KeyLocks>,
 }
@@ -105,6 +107,7 @@ impl Cache {
     pub(crate) fn new(
         store: Rc<Store>,
         dram_bytes: u64,
+        admission_bytes_per_second: Option<u64>,
         origins: Option<Arc<Origins>>,
     ) -> Rc<Cache> {
         let origin = origins.map(|origins| ShardOrigin {
@@ -115,6 +118,7 @@ impl Cache {
         let cache = Rc::new(Cache {
             store,
             dram: DramTier::new(dram_bytes),
+            admission: Rc::new(NvmeAdmission::new(admission_bytes_per_second)),
             origin,
             locks: Rc::default(),
         });
@@ -147,6 +151,11 @@ impl Cache {
 
     pub fn shard(&self) -> u32 {
         self.store.shard()
+    }
+
+    /// How origin data was admitted to NVMe.
+    pub fn admission_stats(&self) -> AdmissionStats {
+        self.admission.stats()
     }
 
     /// The DRAM tier's counters (all zero without one).
@@ -567,6 +576,8 @@ impl Cache {
         let reads = origin.reads.clone();
         let store = self.store.clone();
         let locks = self.locks.clone();
+        let admission = self.admission.clone();
+        admission.record_miss(key, store.object_count());
         let path = route.path(key.key());
         let route = route.clone();
         let key = key.clone();
@@ -604,15 +615,16 @@ impl Cache {
             let admitted_reads = reads.clone();
             let admitted_key = key.clone();
             let admit = move |fetched: Rc<Fetch>| async move {
-                let admission = Admission {
+                let admitting = Admission {
                     store: &store,
                     reads: &admitted_reads,
                     locks: &locks,
+                    admission: &admission,
                     key: &admitted_key,
                     seen_seq,
                     chunk_bytes,
                 };
-                admission.admit(&fetched).await;
+                admitting.admit(&fetched).await;
             };
             reads.coalesced((key, chunk), fetch, admit).await
         }
@@ -881,6 +893,7 @@ struct Admission<'a> {
     store: &'a Store,
     reads: &'a Reads,
     locks: &'a Rc<KeyLocks>,
+    admission: &'a NvmeAdmission,
     key: &'a ObjectKey,
     /// The key's version on NVMe when the origin read started.
     seen_seq: Option<u64>,
@@ -903,6 +916,14 @@ impl Admission<'_> {
             }
             return;
         };
+        if !self.admission.admit(
+            self.key,
+            data.len() as u64,
+            self.store.has_room(data.len() as u64),
+        ) {
+            self.reads.remember(self.key, version.clone());
+            return;
+        }
         let outcome = if version.bytes <= self.chunk_bytes {
             let _guard = self.locks.lock(self.key).await;
             if stored_seq(self.store, self.key) != self.seen_seq {

@@ -81,6 +81,9 @@ pub struct EngineConfig {
     /// Memory for the DRAM tier, all shards together (each takes an equal share); 0: none.
     /// Default 256 MiB.
     pub dram_bytes: u64,
+    /// The write budget for admitting origin data to NVMe, all shards together, in bytes per
+    /// second (client writes are not counted). Default: none.
+    pub admission_bytes_per_second: Option<u64>,
 }
 
 impl EngineConfig {
@@ -102,6 +105,7 @@ impl EngineConfig {
             cpus: None,
             origins: None,
             dram_bytes: 256 << 20,
+            admission_bytes_per_second: None,
         }
     }
 
@@ -549,6 +553,9 @@ impl Engine {
                 requests_in_flight_max: config.requests_in_flight_max,
                 origins: origins.clone(),
                 dram_bytes: config.dram_bytes / first.shard_count as u64,
+                admission_bytes_per_second: config
+                    .admission_bytes_per_second
+                    .map(|rate| (rate / first.shard_count as u64).max(1)),
             };
             let started: ShardHandle = shard::start(plan, config.inbox_requests_max, ready)?;
             engine.handle.inboxes.push(started.inbox);
@@ -979,6 +986,7 @@ impl EngineHandle {
                 self.on_shard(shard, |cache| async move {
                     let mut stats = cache.store().stats();
                     stats.dram = cache.dram_stats();
+                    stats.admission = cache.admission_stats();
                     Ok(stats)
                 })
             })

@@ -37,6 +37,8 @@ pub(crate) struct ShardPlan {
     pub origins: Option<std::sync::Arc<Origins>>,
     /// This shard's share of the DRAM tier.
     pub dram_bytes: u64,
+    /// This shard's share of the NVMe admission write budget.
+    pub admission_bytes_per_second: Option<u64>,
 }
 
 /// The other threads' handle on a running shard.
@@ -65,7 +67,12 @@ pub(crate) fn start(
 
 async fn run(plan: ShardPlan, inbox: channel::Receiver<Message>, ready: OneshotSender<Result<()>>) {
     let store = match open_store(&plan).await {
-        Ok(store) => Cache::new(Rc::new(store), plan.dram_bytes, plan.origins.clone()),
+        Ok(store) => Cache::new(
+            Rc::new(store),
+            plan.dram_bytes,
+            plan.admission_bytes_per_second,
+            plan.origins.clone(),
+        ),
         Err(error) => {
             ready.send(Err(error));
             return;

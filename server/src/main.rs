@@ -62,6 +62,10 @@ struct Arguments {
     /// immutable.
     #[arg(long, env = "HYDRANT_REVALIDATE")]
     revalidate: Option<String>,
+    /// The write budget for admitting origin data to NVMe, bytes per second (e.g. 500MiB).
+    /// Default: none.
+    #[arg(long, env = "HYDRANT_ADMISSION_BYTES_PER_SECOND")]
+    admission_bytes_per_second: Option<String>,
     /// Memory for the DRAM tier in front of NVMe, e.g. 8GiB (0: none). Default 256MiB.
     #[arg(long, env = "HYDRANT_DRAM_BYTES")]
     dram_bytes: Option<String>,
@@ -87,6 +91,7 @@ struct ConfigFile {
     revalidate: Option<String>,
     dirty_bytes_max: Option<String>,
     dram_bytes: Option<String>,
+    admission_bytes_per_second: Option<String>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -122,6 +127,9 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.revalidate = arguments.revalidate.or(file.revalidate);
     arguments.dirty_bytes_max = arguments.dirty_bytes_max.or(file.dirty_bytes_max);
     arguments.dram_bytes = arguments.dram_bytes.or(file.dram_bytes);
+    arguments.admission_bytes_per_second = arguments
+        .admission_bytes_per_second
+        .or(file.admission_bytes_per_second);
     Ok(arguments)
 }
 
@@ -292,6 +300,15 @@ fn main() -> ExitCode {
             Ok(bytes) => engine.dram_bytes = bytes,
             Err(error) => {
                 eprintln!("hydrant-server: --dram-bytes: {error}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(text) = &arguments.admission_bytes_per_second {
+        match size_bytes(text) {
+            Ok(bytes) => engine.admission_bytes_per_second = Some(bytes),
+            Err(error) => {
+                eprintln!("hydrant-server: --admission-bytes-per-second: {error}");
                 return ExitCode::from(2);
             }
         }

@@ -71,7 +71,25 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&ShardStats) -> u64;
-    let engine_metrics: [(&str, &str, &str, Field); 19] = [
+    let engine_metrics: [(&str, &str, &str, Field); 22] = [
+        (
+            "hydrant_nvme_admitted_bytes_total",
+            "counter",
+            "Bytes read from origins and admitted to NVMe.",
+            |stats| stats.admission.admitted_bytes,
+        ),
+        (
+            "hydrant_nvme_rejected_cold_total",
+            "counter",
+            "Origin reads not admitted to a full NVMe tier: their key was not seen before.",
+            |stats| stats.admission.rejected_cold,
+        ),
+        (
+            "hydrant_nvme_rejected_budget_total",
+            "counter",
+            "Origin reads not admitted to NVMe: the admission write budget was spent.",
+            |stats| stats.admission.rejected_budget,
+        ),
         ("hydrant_objects", "gauge", "Objects stored.", |stats| {
             stats.objects
         }),
@@ -291,6 +309,7 @@ pub fn gather(
             engine.on_shard(shard, |cache| async move {
                 let mut stats = cache.store().stats();
                 stats.dram = cache.dram_stats();
+                stats.admission = cache.admission_stats();
                 Ok((stats, snapshot()))
             })
         })

@@ -165,6 +165,8 @@ pub struct ShardStats {
     pub failure: Option<String>,
     /// The shard's DRAM tier in front of this store (filled in by the engine).
     pub dram: crate::tier::dram::DramStats,
+    /// Admissions of origin data to this store (filled in by the engine).
+    pub admission: crate::tier::admission::AdmissionStats,
 }
 
 /// The operations in progress on one key. Versions are ordered by seq, but operations finish
@@ -336,6 +338,20 @@ impl Store {
 
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    /// Whether `bytes` more can be stored without displacing anything: the live data would
+    /// stay under three quarters of the usable space (the rest is headers, padding, copies
+    /// not yet reclaimed and room for reclaim to work in).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE) as u64;
+        let usable = usable_regions * (self.geometry.region_bytes - BLOCK_BYTES as u64);
+        (self.index.borrow().bytes() + bytes) * 4 <= usable * 3
+    }
+
+    /// Objects indexed.
+    pub fn object_count(&self) -> u64 {
+        self.index.borrow().len() as u64
     }
 
     /// Note a read of `key` served elsewhere (the DRAM tier): it sets the visited bit that
@@ -922,6 +938,7 @@ impl Store {
             ring_defer_taskrun: crate::rt::current_reactor().info().defer_taskrun,
             failure: self.failure.borrow().clone(),
             dram: Default::default(),
+            admission: Default::default(),
         }
     }
 }
