@@ -15,6 +15,7 @@
 mod alloc_counter;
 mod engine_bench;
 mod fio;
+mod nginx_bench;
 mod fio_report;
 mod harness;
 mod origin_bench;
@@ -50,6 +51,9 @@ enum Command {
     IndexMemory(engine_bench::IndexMemoryArgs),
     /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
     Server(server_bench::ServerArgs),
+    /// hydrant-server against nginx, 1 MiB GETs: NVMe tier vs directio + aio threads, DRAM tier
+    /// vs the page cache.
+    Nginx(nginx_bench::NginxArgs),
     /// hydrant in front of a slow S3 origin vs the origin directly: a checkpoint burst in
     /// write-back, and a dataset read by several loaders, cold and warm.
     Origin(origin_bench::OriginArgs),
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         Command::IndexMemory(args) => engine_bench::index_memory(args),
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),
+        Command::Nginx(args) => nginx_bench::nginx(args),
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),

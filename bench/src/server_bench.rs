@@ -42,7 +42,7 @@ pub struct ServerArgs {
 const MEMCACHED_PORT: u16 = 21_211;
 
 /// Keep a load thread off the servers' core.
-fn pin_current_thread_away_from(cpu: usize) {
+pub(crate) fn pin_current_thread_away_from(cpu: usize) {
     let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
     // SAFETY: cpu_set_t is plain data filled by CPU_SET; sched_setaffinity only reads it.
     unsafe {

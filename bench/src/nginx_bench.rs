@@ -1,0 +1,266 @@
+//! hydrant-server against nginx, GETs of 1 MiB objects on loopback, in the same run:
+//!
+//! - from the device: hydrant's NVMe tier (DRAM tier off; every read is O_DIRECT through
+//!   io_uring) against nginx serving the same bytes from files on the same disk with `directio`
+//!   and `aio threads` (O_DIRECT reads in nginx's thread pool);
+//! - from memory: hydrant's DRAM tier against nginx serving from the page cache (`sendfile`).
+//!
+//! Both servers on one core, the load on the other: wrk for nginx (16 connections, a random
+//! object per request), the same number of threads with a blocking hydrant-client each for
+//! hydrant, one request at a time per connection.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hydrant_client::Client;
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::{EngineConfig, FormatPolicy};
+use hydrant_proto::Limits;
+use hydrant_server::{Server, ServerConfig};
+
+const OBJECT_BYTES: usize = 1 << 20;
+const NGINX_PORT: u16 = 21_280;
+
+#[derive(clap::Args)]
+pub struct NginxArgs {
+    /// Objects of 1 MiB served by both.
+    #[arg(long, default_value_t = 512)]
+    objects: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Alternating rounds; the median ratio is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Client connections (wrk's, and hydrant-client threads).
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// The core both servers run on; the load runs on the others.
+    #[arg(long, default_value_t = 0)]
+    server_cpu: usize,
+    /// Where the files and hydrant's data file go (on the disk to measure).
+    #[arg(long, default_value = "target/bench-scratch/nginx")]
+    dir: PathBuf,
+}
+
+fn object_bytes(index: usize) -> Vec<u8> {
+    let mut data = vec![0u8; OBJECT_BYTES];
+    let mut state = (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for word in data.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+    }
+    data
+}
+
+fn io_error(error: std::io::Error) -> String {
+    error.to_string()
+}
+
+/// nginx on `server_cpu`, serving `www` from the device (`direct`) or the page cache.
+fn start_nginx(dir: &Path, www: &Path, direct: bool, server_cpu: usize) -> Result<Child, String> {
+    let location = if direct {
+        "directio 4k; directio_alignment 4k; aio threads; sendfile off; output_buffers 2 1m;"
+    } else {
+        "sendfile on; aio off; tcp_nopush on;"
+    };
+    let config = format!(
+        "worker_processes 1;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; keepalive_requests 1000000;\n\
+           server {{ listen 127.0.0.1:{NGINX_PORT}; root {www};\n\
+             location / {{ {location} }} }} }}\n",
+        dir = dir.display(),
+        www = www.display(),
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, config).map_err(io_error)?;
+    let child = Command::new("taskset")
+        .args(["-c", &server_cpu.to_string(), "nginx", "-c"])
+        .arg(&path)
+        .arg("-p")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|error| format!("cannot start nginx (apt-get install -y nginx): {error}"))?;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", NGINX_PORT)).is_ok() {
+            return Ok(child);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err("nginx did not start listening".into())
+}
+
+/// wrk against nginx for `seconds`; bytes per second of bodies.
+fn run_wrk(args: &NginxArgs, load_cpus: &str) -> Result<f64, String> {
+    let script = args.dir.join("random.lua");
+    std::fs::write(
+        &script,
+        format!(
+            "math.randomseed(os.time())\nrequest = function()\n  return wrk.format(\"GET\", \"/obj-\" .. math.random(0, {}))\nend\n",
+            args.objects - 1
+        ),
+    )
+    .map_err(io_error)?;
+    let output = Command::new("taskset")
+        .args(["-c", load_cpus, "wrk", "-t2"])
+        .arg(format!("-c{}", args.connections))
+        .arg(format!("-d{}s", args.seconds))
+        .arg("-s")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{NGINX_PORT}/"))
+        .output()
+        .map_err(|error| format!("cannot run wrk (apt-get install -y wrk): {error}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let requests: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("Requests/sec:"))
+        .and_then(|value| value.trim().parse().ok())
+        .ok_or_else(|| format!("wrk printed no rate:\n{text}"))?;
+    if text.contains("Non-2xx") {
+        return Err(format!("nginx answered errors:\n{text}"));
+    }
+    Ok(requests * OBJECT_BYTES as f64)
+}
+
+/// hydrant-client threads against hydrant for `seconds`; bytes per second of values.
+fn run_hydrant(args: &NginxArgs, address: &str) -> Result<f64, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..args.connections)
+        .map(|thread| {
+            let stop = stop.clone();
+            let bytes = bytes.clone();
+            let address = address.to_string();
+            let objects = args.objects;
+            let server_cpu = args.server_cpu;
+            std::thread::spawn(move || -> Result<(), String> {
+                crate::server_bench::pin_current_thread_away_from(server_cpu);
+                let mut client = Client::connect(&[address], Duration::from_secs(30))
+                    .map_err(|error| error.to_string())?;
+                let mut state = thread as u64 * 7919 + 1;
+                while !stop.load(Ordering::Relaxed) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let index = state as usize % objects;
+                    let (_, data) = client
+                        .get("www", &format!("obj-{index}"), None)
+                        .map_err(|error| error.to_string())?;
+                    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(args.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    for thread in threads {
+        thread.join().map_err(|_| "a load thread panicked")??;
+    }
+    Ok(bytes.load(Ordering::Relaxed) as f64 / elapsed)
+}
+
+fn start_hydrant(args: &NginxArgs, dram_bytes: u64) -> Result<Server, String> {
+    let path = args.dir.join("nginx-bench.hyd");
+    let _ = std::fs::remove_file(&path);
+    let data_bytes = (args.objects as u64 * (OBJECT_BYTES as u64 + 8192)) * 2 + (512 << 20);
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
+    engine.shards = Some(1);
+    engine.format = FormatPolicy::Always;
+    engine.cpus = Some(vec![args.server_cpu]);
+    engine.dram_bytes = dram_bytes;
+    Server::start(ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        engine,
+        limits: Limits::default(),
+        token: None,
+        allow_remote_without_token: false,
+        metrics: None,
+    })
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|left, right| left.total_cmp(right));
+    values[values.len() / 2]
+}
+
+pub fn nginx(args: NginxArgs) -> Result<(), String> {
+    let www = args.dir.join("www");
+    std::fs::create_dir_all(&www).map_err(io_error)?;
+    for index in 0..args.objects {
+        let path = www.join(format!("obj-{index}"));
+        if std::fs::metadata(&path).map_or(true, |meta| meta.len() != OBJECT_BYTES as u64) {
+            let mut file = std::fs::File::create(&path).map_err(io_error)?;
+            file.write_all(&object_bytes(index)).map_err(io_error)?;
+            file.sync_all().map_err(io_error)?;
+        }
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
+    let load_cpus: Vec<String> = (0..cpus)
+        .filter(|&cpu| cpu != args.server_cpu || cpus == 1)
+        .map(|cpu| cpu.to_string())
+        .collect();
+    let load_cpus = load_cpus.join(",");
+    println!(
+        "{} objects of 1 MiB; servers on core {}, load on {load_cpus}; {} connections; {} s per measurement",
+        args.objects, args.server_cpu, args.connections, args.seconds
+    );
+    println!("| case | round | nginx MiB/s | hydrant MiB/s | ratio |");
+    println!("|---|---|---:|---:|---:|");
+    let mib = |rate: f64| rate / (1 << 20) as f64;
+    for (case, direct, dram_bytes) in [
+        ("device: NVMe tier vs nginx directio + aio threads", true, 0u64),
+        ("memory: DRAM tier vs nginx page cache", false, 4 << 30),
+    ] {
+        let server = start_hydrant(&args, dram_bytes)?;
+        let address = server.address().to_string();
+        let mut loader = Client::connect(std::slice::from_ref(&address), Duration::from_secs(60))
+            .map_err(|error| error.to_string())?;
+        for index in 0..args.objects {
+            loader
+                .put("www", &format!("obj-{index}"), &object_bytes(index))
+                .map_err(|error| error.to_string())?;
+        }
+        if !direct {
+            // Warm both memories: the page cache and the DRAM tier (a read admits, a second
+            // hits).
+            for index in 0..args.objects {
+                let _ = std::fs::read(www.join(format!("obj-{index}")));
+                for _ in 0..2 {
+                    loader
+                        .get("www", &format!("obj-{index}"), None)
+                        .map_err(|error| error.to_string())?;
+                }
+            }
+        }
+        let mut nginx = start_nginx(&args.dir, &www, direct, args.server_cpu)?;
+        let mut ratios = Vec::new();
+        for round in 1..=args.rounds {
+            let nginx_rate = run_wrk(&args, &load_cpus)?;
+            let hydrant_rate = run_hydrant(&args, &address)?;
+            let ratio = hydrant_rate / nginx_rate;
+            ratios.push(ratio);
+            println!(
+                "| {case} | {round} | {:.0} | {:.0} | {ratio:.2} |",
+                mib(nginx_rate),
+                mib(hydrant_rate)
+            );
+        }
+        let _ = nginx.kill();
+        let _ = nginx.wait();
+        server.stop().map_err(io_error)?;
+        println!("median hydrant/nginx ({case}) = {:.2}", median(&mut ratios));
+    }
+    Ok(())
+}
