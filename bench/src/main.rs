@@ -17,6 +17,7 @@ mod engine_bench;
 mod fio;
 mod fio_report;
 mod harness;
+mod memcached;
 mod origin_bench;
 mod plot;
 mod policy_bench;
@@ -90,6 +91,23 @@ fn workload(
     harness::publish(&report, common.json.as_ref())
 }
 
+/// The peer's run of the same workload, when one is asked for: its table, and its report.
+fn peer_workload(
+    json: Option<PathBuf>,
+    run: impl FnOnce() -> Result<Option<harness::schema::RunReport>, String>,
+) -> Result<(), String> {
+    if harness::interrupt::interrupted() {
+        return Ok(());
+    }
+    match run()? {
+        Some(report) => {
+            println!("\nthe peer, the same workload:");
+            harness::publish(&report, json.as_ref())
+        }
+        None => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -100,10 +118,30 @@ fn main() -> ExitCode {
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),
-        Command::Get(args) => workload(&args.common, || harness::key_value::get(&args)),
-        Command::Put(args) => workload(&args.common, || harness::key_value::put(&args)),
+        Command::Get(args) => {
+            workload(&args.common, || harness::key_value::get(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args), || {
+                    harness::key_value::get_on_peer(&args)
+                })
+            })
+        }
+        Command::Put(args) => {
+            workload(&args.common, || harness::key_value::put(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args), || {
+                    harness::key_value::put_on_peer(&args)
+                })
+            })
+        }
         Command::Mixed(args) => {
-            workload(&args.key_value.common, || harness::key_value::mixed(&args))
+            workload(&args.key_value.common, || harness::key_value::mixed(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args.key_value), || {
+                    harness::key_value::mixed_on_peer(&args)
+                })
+            })
+        }
+        Command::Shards(args) if args.origin.origin_s3.is_some() => {
+            harness::interrupt::install();
+            harness::shards_origin::shards_against_origin(&args).map(|_| ())
         }
         Command::Shards(args) => workload(&args.common, || harness::shards::shards(&args)),
         Command::Checkpoint(args) => {
