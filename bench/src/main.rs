@@ -10,6 +10,7 @@
 //! - `policy-ops`: eviction policies' operations per second on one core.
 //! - `get`, `put`, `mixed`, `shards`, `checkpoint`: workloads against running servers (issue 6),
 //!   a table and a versioned JSON report each; `report` compares such reports in a table and plots.
+//! - `serve`: a hydrant server with no origin for those workloads, until Ctrl-C.
 //! - `fio-report`: the JSON reports of `fio-profiles/run.sh` as one table.
 
 mod alloc_counter;
@@ -21,6 +22,7 @@ mod memcached;
 mod origin_bench;
 mod plot;
 mod policy_bench;
+mod serve;
 mod server_bench;
 mod trace;
 
@@ -69,6 +71,8 @@ enum Command {
     Shards(harness::shards::ShardsArgs),
     /// A burst of large PUTs by several writers, then FLUSH: time to acknowledged and to flushed.
     Checkpoint(harness::checkpoint::CheckpointArgs),
+    /// A hydrant server with no origin on a scratch file, until Ctrl-C, for the workloads.
+    Serve(serve::ServeArgs),
     /// Compare workload runs from their --json reports: a table, and plots with --out.
     Report(harness::report::ReportArgs),
     /// The JSON reports of fio-profiles/run.sh as one markdown table.
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
             workload(&args.common, || harness::checkpoint::checkpoint(&args))
         }
         Command::Report(args) => harness::report::report(&args),
+        Command::Serve(args) => serve::serve(args),
         Command::FioReport(args) => fio_report::fio_report(&args),
     };
     match result {
