@@ -10,6 +10,7 @@
 //! - `policy-ops`: eviction policies' operations per second on one core.
 //! - `get`, `put`, `mixed`, `shards`, `checkpoint`: workloads against running servers (issue 6),
 //!   a table and a versioned JSON report each; `report` compares such reports in a table and plots.
+//! - `serve`: a hydrant server with no origin for those workloads, until Ctrl-C.
 //! - `fio-report`: the JSON reports of `fio-profiles/run.sh` as one table.
 
 mod alloc_counter;
@@ -18,9 +19,11 @@ mod fio;
 mod nginx_bench;
 mod fio_report;
 mod harness;
+mod memcached;
 mod origin_bench;
 mod plot;
 mod policy_bench;
+mod serve;
 mod server_bench;
 mod trace;
 
@@ -72,6 +75,8 @@ enum Command {
     Shards(harness::shards::ShardsArgs),
     /// A burst of large PUTs by several writers, then FLUSH: time to acknowledged and to flushed.
     Checkpoint(harness::checkpoint::CheckpointArgs),
+    /// A hydrant server with no origin on a scratch file, until Ctrl-C, for the workloads.
+    Serve(serve::ServeArgs),
     /// Compare workload runs from their --json reports: a table, and plots with --out.
     Report(harness::report::ReportArgs),
     /// The JSON reports of fio-profiles/run.sh as one markdown table.
@@ -94,6 +99,23 @@ fn workload(
     harness::publish(&report, common.json.as_ref())
 }
 
+/// The peer's run of the same workload, when one is asked for: its table, and its report.
+fn peer_workload(
+    json: Option<PathBuf>,
+    run: impl FnOnce() -> Result<Option<harness::schema::RunReport>, String>,
+) -> Result<(), String> {
+    if harness::interrupt::interrupted() {
+        return Ok(());
+    }
+    match run()? {
+        Some(report) => {
+            println!("\nthe peer, the same workload:");
+            harness::publish(&report, json.as_ref())
+        }
+        None => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -105,16 +127,37 @@ fn main() -> ExitCode {
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),
-        Command::Get(args) => workload(&args.common, || harness::key_value::get(&args)),
-        Command::Put(args) => workload(&args.common, || harness::key_value::put(&args)),
+        Command::Get(args) => {
+            workload(&args.common, || harness::key_value::get(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args), || {
+                    harness::key_value::get_on_peer(&args)
+                })
+            })
+        }
+        Command::Put(args) => {
+            workload(&args.common, || harness::key_value::put(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args), || {
+                    harness::key_value::put_on_peer(&args)
+                })
+            })
+        }
         Command::Mixed(args) => {
-            workload(&args.key_value.common, || harness::key_value::mixed(&args))
+            workload(&args.key_value.common, || harness::key_value::mixed(&args)).and_then(|()| {
+                peer_workload(harness::key_value::peer_json(&args.key_value), || {
+                    harness::key_value::mixed_on_peer(&args)
+                })
+            })
+        }
+        Command::Shards(args) if args.origin.origin_s3.is_some() => {
+            harness::interrupt::install();
+            harness::shards_origin::shards_against_origin(&args).map(|_| ())
         }
         Command::Shards(args) => workload(&args.common, || harness::shards::shards(&args)),
         Command::Checkpoint(args) => {
             workload(&args.common, || harness::checkpoint::checkpoint(&args))
         }
         Command::Report(args) => harness::report::report(&args),
+        Command::Serve(args) => serve::serve(args),
         Command::FioReport(args) => fio_report::fio_report(&args),
     };
     match result {

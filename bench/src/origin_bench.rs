@@ -50,7 +50,7 @@ pub struct OriginArgs {
     dir: PathBuf,
 }
 
-fn s3_store(endpoint: &str, bucket: &str) -> Result<AmazonS3, String> {
+pub(crate) fn s3_store(endpoint: &str, bucket: &str) -> Result<AmazonS3, String> {
     AmazonS3Builder::new()
         .with_endpoint(endpoint)
         .with_allow_http(true)
@@ -62,7 +62,7 @@ fn s3_store(endpoint: &str, bucket: &str) -> Result<AmazonS3, String> {
         .map_err(|error| error.to_string())
 }
 
-fn create_bucket(s3: &str, bucket: &str) -> Result<(), String> {
+pub(crate) fn create_bucket(s3: &str, bucket: &str) -> Result<(), String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(s3).map_err(|error| format!("{s3}: {error}"))?;
     write!(
@@ -135,15 +135,16 @@ where
     Ok(started.elapsed())
 }
 
-pub fn origin(args: OriginArgs) -> Result<(), String> {
-    let bucket = format!("bench-{}", std::process::id());
-    create_bucket(&args.s3, &bucket)?;
-    let mut config = hydrant_fault_proxy::Config::new(args.s3.clone());
-    config.settings.delay = DelayRange::parse(&args.delay_ms).map_err(|error| error.message)?;
+/// Start hydrant-fault-proxy in front of the S3 server at `s3`, delaying every request by
+/// `delay_ms` (MIN-MAX milliseconds), and point this process's AWS variables at it: an in-process
+/// hydrant server's origin client reads them, as in production. Returns the proxy and its
+/// endpoint URL, which direct clients use too, so both paths cross the same proxy.
+pub(crate) fn start_slow_origin(s3: &str, delay_ms: &str) -> Result<(ProxyHandle, String), String> {
+    let mut config = hydrant_fault_proxy::Config::new(s3.to_string());
+    config.settings.delay = DelayRange::parse(delay_ms).map_err(|error| error.message)?;
     let proxy: ProxyHandle =
         hydrant_fault_proxy::start(config).map_err(|error| error.to_string())?;
     let endpoint = format!("http://{}", proxy.addr());
-    // The server's origin client reads the standard AWS variables, as in production.
     for (name, value) in [
         ("AWS_ENDPOINT", endpoint.as_str()),
         ("AWS_ALLOW_HTTP", "true"),
@@ -153,6 +154,13 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
     ] {
         std::env::set_var(name, value);
     }
+    Ok((proxy, endpoint))
+}
+
+pub fn origin(args: OriginArgs) -> Result<(), String> {
+    let bucket = format!("bench-{}", std::process::id());
+    create_bucket(&args.s3, &bucket)?;
+    let (proxy, endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
     std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
     let path = args.dir.join("origin-bench.hyd");
     let _ = std::fs::remove_file(&path);

@@ -2,7 +2,6 @@
 //! of client threads and connections, each thread one request at a time. The server (and
 //! memcached, one worker thread) on one core, the load on the other.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,6 +15,8 @@ use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
+
+use crate::memcached::MemcachedConnection;
 
 #[derive(Args)]
 pub struct ServerArgs {
@@ -40,6 +41,10 @@ pub struct ServerArgs {
 }
 
 const MEMCACHED_PORT: u16 = 21_211;
+
+fn memcached_address() -> String {
+    format!("127.0.0.1:{MEMCACHED_PORT}")
+}
 
 /// Keep a load thread off the servers' core.
 pub(crate) fn pin_current_thread_away_from(cpu: usize) {
@@ -106,33 +111,6 @@ fn measure(
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-fn memcached_get(
-    stream: &mut BufReader<TcpStream>,
-    key: usize,
-    value_bytes: usize,
-) -> Result<usize, String> {
-    stream
-        .get_mut()
-        .write_all(format!("get k{key}\r\n").as_bytes())
-        .map_err(|error| error.to_string())?;
-    let mut line = String::new();
-    stream
-        .read_line(&mut line)
-        .map_err(|error| error.to_string())?;
-    if !line.starts_with("VALUE") {
-        return Err(format!("memcached answered {line:?}"));
-    }
-    let mut value = vec![0; value_bytes + 2];
-    stream
-        .read_exact(&mut value)
-        .map_err(|error| error.to_string())?;
-    line.clear();
-    stream
-        .read_line(&mut line)
-        .map_err(|error| error.to_string())?;
-    Ok(value_bytes)
-}
-
 fn start_memcached(cpu: usize) -> Result<Child, String> {
     let child = Command::new("taskset")
         .args([
@@ -189,29 +167,16 @@ pub fn server(args: ServerArgs) -> Result<(), String> {
     let mut loader =
         Client::connect(&address, Duration::from_secs(30)).map_err(|error| error.to_string())?;
     let mut memcached_loader =
-        TcpStream::connect(("127.0.0.1", MEMCACHED_PORT)).map_err(|error| error.to_string())?;
-    let mut reply = BufReader::new(
-        memcached_loader
-            .try_clone()
-            .map_err(|error| error.to_string())?,
-    );
+        MemcachedConnection::connect(&memcached_address(), Duration::from_secs(30))
+            .map_err(|error| error.to_string())?;
     for index in 0..args.keys {
         let value = value_of(index, args.value_bytes);
         loader
             .put("bench", &format!("k{index}"), &value)
             .map_err(|error| error.to_string())?;
         memcached_loader
-            .write_all(format!("set k{index} 0 0 {}\r\n", value.len()).as_bytes())
-            .and_then(|()| memcached_loader.write_all(&value))
-            .and_then(|()| memcached_loader.write_all(b"\r\n"))
+            .set(&format!("k{index}"), &value)
             .map_err(|error| error.to_string())?;
-        let mut line = String::new();
-        reply
-            .read_line(&mut line)
-            .map_err(|error| error.to_string())?;
-        if line.trim() != "STORED" {
-            return Err(format!("memcached answered {line:?} to a set"));
-        }
     }
 
     println!(
@@ -228,14 +193,18 @@ pub fn server(args: ServerArgs) -> Result<(), String> {
             args.seconds,
             args.server_cpu,
             || {
-                let stream = TcpStream::connect(("127.0.0.1", MEMCACHED_PORT))
-                    .map_err(|error| error.to_string())?;
-                stream
-                    .set_nodelay(true)
-                    .map_err(|error| error.to_string())?;
-                let mut reader = BufReader::new(stream);
+                let mut connection =
+                    MemcachedConnection::connect(&memcached_address(), Duration::from_secs(30))
+                        .map_err(|error| error.to_string())?;
                 Ok(Box::new(move |key| {
-                    memcached_get(&mut reader, key, value_bytes)
+                    match connection.get(&format!("k{key}")) {
+                        Ok(Some(value)) if value.len() == value_bytes => Ok(value.len()),
+                        Ok(value) => Err(format!(
+                            "memcached k{key}: {:?} bytes",
+                            value.map(<[u8]>::len)
+                        )),
+                        Err(error) => Err(error.to_string()),
+                    }
                 }))
             },
         )?;

@@ -1,9 +1,15 @@
 //! The key-value workloads: `get`, `put` and `mixed` over `--keys` keys of `--value-bytes` each,
-//! chosen uniformly or by Zipf's law (rank 1 is the hottest key).
+//! chosen uniformly or by Zipf's law (rank 1 is the hottest key). With `--peer-memcached`, the
+//! same workload (same keys, values, threads, connections, seeds and bounds) then runs against a
+//! memcached, and its report, in the same schema, goes beside hydrant's.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+use hydrant_client::{Client, ClientError};
 use serde::Serialize;
+
+use crate::memcached::{self, MemcachedConnection};
 
 use super::runner::{self, ThreadBody, ThreadContext};
 use super::schema::RunReport;
@@ -40,6 +46,89 @@ pub struct KeyValueArgs {
     /// Skip the load phase (the keys are already there, from an earlier run).
     #[arg(long)]
     pub no_load: bool,
+    #[command(flatten)]
+    pub peer: PeerArgs,
+}
+
+/// The peer the same workload is measured against, right after hydrant, in the same run.
+#[derive(clap::Args, Clone, Debug, Default, Serialize)]
+pub struct PeerArgs {
+    /// Then run the same workload against this memcached, HOST:PORT (its keys loaded first
+    /// unless --no-load); its report is labelled LABEL-memcached.
+    #[arg(long)]
+    pub peer_memcached: Option<String>,
+    /// Where the peer's report goes (default: beside --json, FILE-memcached.json).
+    #[arg(long)]
+    pub peer_json: Option<PathBuf>,
+}
+
+/// One thread's connection to the store under test: hydrant's client, or a peer's. Each
+/// operation returns the bytes it moved.
+pub trait KeyValueConnection: Send {
+    fn get(&mut self, bucket: &str, key: &str) -> Result<u64, ClientError>;
+    fn put(&mut self, bucket: &str, key: &str, value: &[u8]) -> Result<u64, ClientError>;
+}
+
+impl KeyValueConnection for Client {
+    fn get(&mut self, bucket: &str, key: &str) -> Result<u64, ClientError> {
+        let (_, data) = Client::get(self, bucket, key, None)?;
+        Ok(data.len() as u64)
+    }
+
+    fn put(&mut self, bucket: &str, key: &str, value: &[u8]) -> Result<u64, ClientError> {
+        Client::put(self, bucket, key, value)?;
+        Ok(value.len() as u64)
+    }
+}
+
+/// memcached has no buckets: keys are the same strings hydrant stores in `--bucket`.
+struct MemcachedPeer {
+    connection: MemcachedConnection,
+    address: String,
+}
+
+impl MemcachedPeer {
+    /// A failure ends the run (not retriable): this connection does not reconnect, and a
+    /// missing key means the peer does not hold what hydrant held, so the two are not comparable.
+    fn failed(&self, key: &str, what: impl std::fmt::Display) -> ClientError {
+        ClientError::Usage(format!("memcached {}: {key}: {what}", self.address))
+    }
+}
+
+impl KeyValueConnection for MemcachedPeer {
+    fn get(&mut self, _bucket: &str, key: &str) -> Result<u64, ClientError> {
+        match self.connection.get(key) {
+            Ok(Some(value)) => Ok(value.len() as u64),
+            Ok(None) => Err(self.failed(key, "not found (load it, or leave out --no-load)")),
+            Err(error) => Err(self.failed(key, error)),
+        }
+    }
+
+    fn put(&mut self, _bucket: &str, key: &str, value: &[u8]) -> Result<u64, ClientError> {
+        self.connection
+            .set(key, value)
+            .map_err(|error| self.failed(key, error))?;
+        Ok(value.len() as u64)
+    }
+}
+
+/// Opens one connection per thread.
+type Connect<'args> = dyn Fn() -> Result<Box<dyn KeyValueConnection>, String> + Sync + 'args;
+
+fn connect_hydrant(common: &CommonArgs) -> Result<Box<dyn KeyValueConnection>, String> {
+    Ok(Box::new(common.connect()?))
+}
+
+fn connect_memcached(
+    address: &str,
+    timeout: Duration,
+) -> Result<Box<dyn KeyValueConnection>, String> {
+    let connection = MemcachedConnection::connect(address, timeout)
+        .map_err(|error| format!("connecting to memcached {address}: {error}"))?;
+    Ok(Box::new(MemcachedPeer {
+        connection,
+        address: address.to_string(),
+    }))
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]
@@ -60,6 +149,13 @@ impl KeyValueArgs {
         if !(self.zipf_exponent > 0.0 && self.zipf_exponent.is_finite()) {
             return Err("--zipf-exponent must be above 0".into());
         }
+        if self.peer.peer_memcached.is_some() && !memcached::valid_key(&self.key(self.keys - 1)) {
+            return Err(format!(
+                "--key-prefix {:?}: memcached refuses such keys (spaces, control characters, over {} bytes)",
+                self.key_prefix,
+                memcached::KEY_BYTES_MAX
+            ));
+        }
         Ok(())
     }
 
@@ -76,17 +172,17 @@ impl KeyValueArgs {
 }
 
 /// PUT every key once, the connections sharing the keys, so that GETs find them.
-fn load(args: &KeyValueArgs) -> Result<(), String> {
+fn load(args: &KeyValueArgs, connect: &Connect) -> Result<(), String> {
     let started = Instant::now();
     let connections = args.common.connections as u64;
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..connections)
             .map(|thread| {
                 scope.spawn(move || -> Result<(), String> {
-                    let mut client = args.common.connect()?;
+                    let mut connection = connect()?;
                     let value = value_of(args.value_bytes, thread);
                     for index in (thread..args.keys).step_by(connections as usize) {
-                        client
+                        connection
                             .put(&args.common.bucket, &args.key(index), &value)
                             .map_err(|error| format!("loading {}: {error}", args.key(index)))?;
                     }
@@ -109,20 +205,18 @@ fn load(args: &KeyValueArgs) -> Result<(), String> {
 
 /// GETs of keys chosen by `--distribution`.
 pub fn get(args: &KeyValueArgs) -> Result<RunReport, String> {
-    run("get", args, 1.0, parameters_of(args))
+    run_on_hydrant("get", args, 1.0, parameters_of(args))
 }
 
 /// PUTs of keys chosen by `--distribution`, overwriting them.
 pub fn put(args: &KeyValueArgs) -> Result<RunReport, String> {
-    run("put", args, 0.0, parameters_of(args))
+    run_on_hydrant("put", args, 0.0, parameters_of(args))
 }
 
 /// GETs with probability `--read-fraction`, PUTs of the same keys otherwise.
 pub fn mixed(args: &MixedArgs) -> Result<RunReport, String> {
-    if !(0.0..=1.0).contains(&args.read_fraction) {
-        return Err("--read-fraction must be between 0 and 1".into());
-    }
-    run(
+    check_read_fraction(args.read_fraction)?;
+    run_on_hydrant(
         "mixed",
         &args.key_value,
         args.read_fraction,
@@ -130,27 +224,94 @@ pub fn mixed(args: &MixedArgs) -> Result<RunReport, String> {
     )
 }
 
+/// The same `get` against `--peer-memcached`; `None` without a peer.
+pub fn get_on_peer(args: &KeyValueArgs) -> Result<Option<RunReport>, String> {
+    run_on_peer("get", args, 1.0, parameters_of(args))
+}
+
+pub fn put_on_peer(args: &KeyValueArgs) -> Result<Option<RunReport>, String> {
+    run_on_peer("put", args, 0.0, parameters_of(args))
+}
+
+pub fn mixed_on_peer(args: &MixedArgs) -> Result<Option<RunReport>, String> {
+    check_read_fraction(args.read_fraction)?;
+    run_on_peer(
+        "mixed",
+        &args.key_value,
+        args.read_fraction,
+        parameters_of(args),
+    )
+}
+
+fn check_read_fraction(read_fraction: f64) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&read_fraction) {
+        return Err("--read-fraction must be between 0 and 1".into());
+    }
+    Ok(())
+}
+
+/// Where the peer's report goes: `--peer-json`, or beside `--json` (`run.json` →
+/// `run-memcached.json`); `None` when neither is given.
+pub fn peer_json(args: &KeyValueArgs) -> Option<PathBuf> {
+    args.peer
+        .peer_json
+        .clone()
+        .or_else(|| Some(super::json_beside(args.common.json.as_ref()?, "memcached")))
+}
+
 const GET: usize = 0;
 const PUT: usize = 1;
 const KINDS: [&str; 2] = ["get", "put"];
 
-fn run(
+fn run_on_hydrant(
     workload: &str,
     args: &KeyValueArgs,
     read_fraction: f64,
     parameters: std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Result<RunReport, String> {
     args.validate()?;
+    let connect = || connect_hydrant(&args.common);
+    run(workload, args, read_fraction, parameters, &connect)
+}
+
+/// The peer's run: the same arguments, against memcached; its report names memcached as its
+/// server, `LABEL-memcached` as its label and `peer: memcached` among its parameters.
+fn run_on_peer(
+    workload: &str,
+    args: &KeyValueArgs,
+    read_fraction: f64,
+    mut parameters: std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<Option<RunReport>, String> {
+    let Some(address) = args.peer.peer_memcached.clone() else {
+        return Ok(None);
+    };
+    args.validate()?;
+    let mut peer_args = args.clone();
+    peer_args.common.servers = vec![address.clone()];
+    peer_args.common.label = Some(format!("{}-memcached", args.common.label_or(workload)));
+    parameters.insert("peer".into(), serde_json::json!("memcached"));
+    let timeout = Duration::from_secs(args.common.timeout_seconds);
+    let connect = || connect_memcached(&address, timeout);
+    run(workload, &peer_args, read_fraction, parameters, &connect).map(Some)
+}
+
+fn run(
+    workload: &str,
+    args: &KeyValueArgs,
+    read_fraction: f64,
+    parameters: std::collections::BTreeMap<String, serde_json::Value>,
+    connect: &Connect,
+) -> Result<RunReport, String> {
     let common = &args.common;
     let bounds = common.bounds(Some(DEFAULT_DURATION))?;
     // Nothing needs to be there before a PUT.
     if !args.no_load && read_fraction > 0.0 {
-        load(args)?;
+        load(args, connect)?;
     }
     let chooser = args.chooser();
     let mut bodies: Vec<ThreadBody<()>> = Vec::with_capacity(common.connections);
     for thread in 0..common.connections {
-        let mut client = common.connect()?;
+        let mut connection = connect()?;
         let mut random = Random::new(common.thread_seed(thread));
         let value = value_of(args.value_bytes, thread as u64);
         let chooser = &chooser;
@@ -158,15 +319,9 @@ fn run(
             while context.next().is_some() {
                 let key = args.key(chooser.next(&mut random));
                 if read_fraction >= 1.0 || random.next_unit() < read_fraction {
-                    context.measure(GET, || {
-                        let (_, data) = client.get(&common.bucket, &key, None)?;
-                        Ok(data.len() as u64)
-                    })?;
+                    context.measure(GET, || connection.get(&common.bucket, &key))?;
                 } else {
-                    context.measure(PUT, || {
-                        client.put(&common.bucket, &key, &value)?;
-                        Ok(value.len() as u64)
-                    })?;
+                    context.measure(PUT, || connection.put(&common.bucket, &key, &value))?;
                 }
             }
             Ok(())

@@ -12,10 +12,11 @@ pub mod report;
 pub mod runner;
 pub mod schema;
 pub mod shards;
+pub mod shards_origin;
 pub mod zipf;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use hydrant_client::Client;
@@ -31,7 +32,8 @@ const BYTES_PER_MEBIBYTE: f64 = 1_048_576.0;
 #[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct CommonArgs {
     /// The servers, HOST:PORT, comma-separated; keys are placed across them as the client does.
-    #[arg(long = "server", value_delimiter = ',', required = true)]
+    /// Required, except by `shards --origin-s3`, which starts its own.
+    #[arg(long = "server", value_delimiter = ',')]
     pub servers: Vec<String>,
     /// Threads, each with its own connection to every server.
     #[arg(long, default_value_t = 8)]
@@ -81,6 +83,9 @@ impl CommonArgs {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if self.servers.is_empty() {
+            return Err("--server HOST:PORT is required".into());
+        }
         if self.connections == 0 {
             return Err("--connections must be at least 1".into());
         }
@@ -88,6 +93,13 @@ impl CommonArgs {
             return Err("--ops must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// The run's name: `--label`, or the workload and connections (`get-8c`).
+    pub fn label_or(&self, workload: &str) -> String {
+        self.label
+            .clone()
+            .unwrap_or_else(|| format!("{workload}-{}c", self.connections))
     }
 
     /// A thread's seed: the run's seed and the thread's number, mixed so that neighbouring
@@ -106,7 +118,7 @@ pub fn parameters_of(args: &impl Serialize) -> BTreeMap<String, serde_json::Valu
         &serde_json::to_value(args).expect("arguments serialise"),
         &mut flattened,
     );
-    for left_out in ["servers", "json", "label"] {
+    for left_out in ["servers", "json", "label", "peer_json"] {
         flattened.remove(left_out);
     }
     flattened
@@ -159,10 +171,7 @@ pub fn report_of<T>(
         schema: SCHEMA_NAME.into(),
         schema_version: SCHEMA_VERSION,
         workload: workload.into(),
-        label: common
-            .label
-            .clone()
-            .unwrap_or_else(|| format!("{workload}-{}c", common.connections)),
+        label: common.label_or(workload),
         started_unix_seconds: started
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs()),
@@ -267,9 +276,38 @@ pub fn publish(report: &RunReport, json: Option<&PathBuf>) -> Result<(), String>
     Ok(())
 }
 
+/// A report's sibling: `dir/run.json` and `memcached` give `dir/run-memcached.json`.
+pub fn json_beside(json: &Path, suffix: &str) -> PathBuf {
+    let stem = json.file_stem().map_or_else(
+        || "report".into(),
+        |stem| stem.to_string_lossy().into_owned(),
+    );
+    let extension = json.extension().map_or_else(String::new, |extension| {
+        format!(".{}", extension.to_string_lossy())
+    });
+    json.with_file_name(format!("{stem}-{suffix}{extension}"))
+}
+
 /// A value of `bytes` bytes; its content does not matter to the server, so it is a pattern.
 pub fn value_of(bytes: usize, seed: u64) -> Vec<u8> {
     (0..bytes)
         .map(|offset| (offset as u64).wrapping_add(seed).wrapping_mul(31) as u8)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sibling_report_keeps_the_folder_and_extension() {
+        assert_eq!(
+            json_beside(Path::new("runs/get.json"), "memcached"),
+            PathBuf::from("runs/get-memcached.json")
+        );
+        assert_eq!(
+            json_beside(Path::new("shards"), "hydrant-warm"),
+            PathBuf::from("shards-hydrant-warm")
+        );
+    }
 }

@@ -9,10 +9,12 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
+use hydrant_client::ClientError;
 use serde::Serialize;
 
 use super::runner::{self, ThreadBody, ThreadContext};
 use super::schema::{ReaderReport, RunReport, ShardsReport};
+use super::shards_origin::OriginModeArgs;
 use super::{parameters_of, report_of, value_of, CommonArgs, BYTES_PER_MEBIBYTE};
 
 /// MLPerf Storage's bar for UNet3D and ResNet-50: the accelerators are busy 90% of the time.
@@ -44,10 +46,15 @@ pub struct ShardsArgs {
     pub no_load: bool,
     #[arg(long, default_value_t = UTILISATION_BAR_PERCENT_MLPERF)]
     pub utilisation_bar_percent: f64,
+    #[command(flatten)]
+    pub origin: OriginModeArgs,
 }
 
+/// A reader's way to fetch a whole shard: its key in, the bytes read out.
+pub type ShardFetch<'run> = Box<dyn FnMut(&str) -> Result<u64, ClientError> + Send + 'run>;
+
 impl ShardsArgs {
-    fn key(&self, reader: usize, shard: u64) -> String {
+    pub fn key(&self, reader: usize, shard: u64) -> String {
         format!("shards/reader-{reader:04}/shard-{shard:06}")
     }
 }
@@ -73,6 +80,11 @@ struct ReaderOutcome {
     bytes: u64,
     compute: Duration,
     total: Duration,
+}
+
+/// Every reader's keys, in reader order: what `load` writes and the readers read.
+pub fn keys_of(args: &ShardsArgs, reader: usize) -> impl Iterator<Item = String> + '_ {
+    (0..args.shards_per_reader).map(move |shard| args.key(reader, shard))
 }
 
 /// Write every reader's shards, each reader's connection its own list.
@@ -109,27 +121,49 @@ fn load(args: &ShardsArgs) -> Result<(), String> {
 }
 
 pub fn shards(args: &ShardsArgs) -> Result<RunReport, String> {
+    validate(args)?;
+    if !args.no_load {
+        load(args)?;
+    }
     let common = &args.common;
-    common.validate()?;
+    let fetchers = (0..common.connections)
+        .map(|_| -> Result<ShardFetch, String> {
+            let mut client = common.connect()?;
+            Ok(Box::new(move |key: &str| {
+                let (_, data) = client.get(&common.bucket, key, None)?;
+                Ok(data.len() as u64)
+            }))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    read_shards(args, fetchers)
+}
+
+pub fn validate(args: &ShardsArgs) -> Result<(), String> {
+    args.common.validate()?;
     if args.shards_per_reader == 0 || args.epochs == Some(0) {
         return Err("--shards-per-reader and --epochs must be at least 1".into());
     }
     if !(args.compute_ms >= 0.0 && args.compute_ms.is_finite()) {
         return Err("--compute-ms must be 0 or more".into());
     }
+    Ok(())
+}
+
+/// The readers, each fetching its own list with its own `fetchers` entry and feeding its own
+/// simulated accelerator, until the bounds or the epochs are done; the report of the run with
+/// every reader's utilisation judged against the bar.
+pub fn read_shards(args: &ShardsArgs, fetchers: Vec<ShardFetch>) -> Result<RunReport, String> {
+    let common = &args.common;
+    assert_eq!(fetchers.len(), common.connections, "one fetcher per reader");
     let bounds = common.bounds(None)?;
     let epochs = match args.epochs {
         Some(epochs) => epochs,
         None if bounds.duration.is_none() && bounds.operations.is_none() => 1,
         None => u64::MAX,
     };
-    if !args.no_load {
-        load(args)?;
-    }
     let compute_per_sample = Duration::from_secs_f64(args.compute_ms / 1_000.0);
     let mut bodies: Vec<ThreadBody<ReaderOutcome>> = Vec::with_capacity(common.connections);
-    for reader in 0..common.connections {
-        let mut client = common.connect()?;
+    for (reader, mut fetch) in fetchers.into_iter().enumerate() {
         bodies.push(Box::new(move |context: &mut ThreadContext| {
             let started = Instant::now();
             std::thread::scope(|scope| {
@@ -151,15 +185,11 @@ pub fn shards(args: &ShardsArgs) -> Result<RunReport, String> {
                 });
                 let (mut shards_read, mut bytes) = (0, 0);
                 'epochs: for _ in 0..epochs {
-                    for shard in 0..args.shards_per_reader {
+                    for key in keys_of(args, reader) {
                         if context.next().is_none() {
                             break 'epochs;
                         }
-                        let key = args.key(reader, shard);
-                        let read = context.measure(0, || {
-                            let (_, data) = client.get(&common.bucket, &key, None)?;
-                            Ok(data.len() as u64)
-                        })?;
+                        let read = context.measure(0, || fetch(&key))?;
                         if let Some(read) = read {
                             shards_read += 1;
                             bytes += read;
@@ -219,7 +249,7 @@ fn judge(readers: &[ReaderOutcome], computed: bool, bar_percent: f64) -> ShardsR
     }
 }
 
-fn verdict(passed: Option<bool>) -> &'static str {
+pub fn verdict(passed: Option<bool>) -> &'static str {
     match passed {
         Some(true) => "PASS",
         Some(false) => "FAIL",
