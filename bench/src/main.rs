@@ -16,10 +16,10 @@
 mod alloc_counter;
 mod engine_bench;
 mod fio;
-mod nginx_bench;
 mod fio_report;
 mod harness;
 mod memcached;
+mod nginx_bench;
 mod origin_bench;
 mod plot;
 mod policy_bench;

@@ -220,7 +220,11 @@ pub fn nginx(args: NginxArgs) -> Result<(), String> {
     println!("|---|---|---:|---:|---:|");
     let mib = |rate: f64| rate / (1 << 20) as f64;
     for (case, direct, dram_bytes) in [
-        ("device: NVMe tier vs nginx directio + aio threads", true, 0u64),
+        (
+            "device: NVMe tier vs nginx directio + aio threads",
+            true,
+            0u64,
+        ),
         ("memory: DRAM tier vs nginx page cache", false, 4 << 30),
     ] {
         let server = start_hydrant(&args, dram_bytes)?;
