@@ -195,7 +195,10 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-pub fn nginx(args: NginxArgs) -> Result<(), String> {
+pub fn nginx(mut args: NginxArgs) -> Result<(), String> {
+    std::fs::create_dir_all(&args.dir).map_err(io_error)?;
+    // nginx resolves relative paths against its prefix, not our working directory.
+    args.dir = args.dir.canonicalize().map_err(io_error)?;
     let www = args.dir.join("www");
     std::fs::create_dir_all(&www).map_err(io_error)?;
     for index in 0..args.objects {
