@@ -4,6 +4,7 @@
 //! - `engine`: the engine's 4 KiB random reads and 1 MiB sequential reads against fio on the
 //!   same file, alternating rounds, medians and ratios.
 //! - `index-memory`: the DRAM the index costs per stored object, counted by the allocator.
+//! - `local`: the same-host path vs TCP on loopback vs fio, 1 MiB reads, CPU per GiB.
 //! - `origin`: hydrant in front of an S3 origin at S3's latency vs the origin used directly.
 //! - `demo`: the engine on its embedded defaults, for a first look.
 //! - `trace`: eviction policies replaying a cache trace, miss ratios side by side.
@@ -18,6 +19,7 @@ mod engine_bench;
 mod fio;
 mod fio_report;
 mod harness;
+mod local_bench;
 mod memcached;
 mod nginx_bench;
 mod origin_bench;
@@ -57,6 +59,9 @@ enum Command {
     /// hydrant-server against nginx, 1 MiB GETs: NVMe tier vs directio + aio threads, DRAM tier
     /// vs the page cache.
     Nginx(nginx_bench::NginxArgs),
+    /// The same-host path (shared region over a Unix socket) vs TCP on loopback vs fio on the
+    /// same file: 1 MiB reads, throughput and CPU seconds per GiB.
+    Local(local_bench::LocalArgs),
     /// hydrant in front of a slow S3 origin vs the origin directly: a checkpoint burst in
     /// write-back, and a dataset read by several loaders, cold and warm.
     Origin(origin_bench::OriginArgs),
@@ -124,6 +129,7 @@ fn main() -> ExitCode {
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),
         Command::Nginx(args) => nginx_bench::nginx(args),
+        Command::Local(args) => local_bench::local(args),
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),

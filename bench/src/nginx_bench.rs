@@ -187,6 +187,7 @@ fn start_hydrant(args: &NginxArgs, dram_bytes: u64) -> Result<Server, String> {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })
 }
 

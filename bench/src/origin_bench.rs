@@ -186,6 +186,7 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })?;
     let address = vec![server.address().to_string()];
     let runtime = tokio::runtime::Builder::new_multi_thread()

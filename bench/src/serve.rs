@@ -52,6 +52,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })?;
     interrupt::install();
     eprintln!("serving on {} until Ctrl-C", server.address());

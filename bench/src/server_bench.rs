@@ -159,6 +159,7 @@ pub fn server(args: ServerArgs) -> Result<(), String> {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })?;
     let address = vec![server.address().to_string()];
     let mut memcached = start_memcached(args.server_cpu)?;

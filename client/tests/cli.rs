@@ -44,6 +44,7 @@ impl TestServer {
             token: token.map(<[u8]>::to_vec),
             allow_remote_without_token: false,
             metrics: None,
+            local_socket: None,
         })
         .expect("server starts");
         TestServer {

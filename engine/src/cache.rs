@@ -23,7 +23,7 @@ use crate::origin::remote::{self, Condition, Fetch};
 use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
 use crate::rt::sync::WaitQueue;
-use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, Store};
+use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, ObjectRead, Store};
 use crate::tier::admission::{AdmissionStats, NvmeAdmission};
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
@@ -47,6 +47,105 @@ pub struct CacheRead {
     pub data: Vec<u8>,
     /// Whether the origin was asked for (part of) the data.
     pub from_origin: bool,
+}
+
+/// Where a read's bytes are.
+pub enum ReadData {
+    /// A range of the DRAM tier's copy of the object.
+    Memory(Rc<[u8]>, std::ops::Range<usize>),
+    /// In the shard's pinned buffers, as read from NVMe and checked.
+    Store(ObjectRead),
+    /// Gathered into memory of its own (origin reads, DRAM fills).
+    Owned(Vec<u8>),
+}
+
+impl ReadData {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadData::Memory(_, range) => range.len(),
+            ReadData::Store(read) => read.len(),
+            ReadData::Owned(data) => data.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes, in order, as one or more slices.
+    pub fn parts(&self) -> Vec<&[u8]> {
+        match self {
+            ReadData::Memory(data, range) => vec![&data[range.clone()]],
+            ReadData::Store(read) => read.parts.iter().map(|part| part.bytes()).collect(),
+            ReadData::Owned(data) => vec![data.as_slice()],
+        }
+    }
+
+    /// The bytes in a vector of their own, and how many bytes that copied.
+    pub fn into_vec(self) -> (Vec<u8>, u64) {
+        match self {
+            ReadData::Owned(data) => (data, 0),
+            ReadData::Memory(data, range) => {
+                let copied = range.len() as u64;
+                (data[range].to_vec(), copied)
+            }
+            ReadData::Store(read) => (read.to_vec(), read.len() as u64),
+        }
+    }
+
+    /// Only `range` of what this holds (used for whole-object data: the range of the object).
+    fn narrowed(self, range: std::ops::Range<usize>) -> ReadData {
+        match self {
+            ReadData::Memory(data, _) => ReadData::Memory(data, range),
+            ReadData::Owned(mut data) => {
+                data.truncate(range.end);
+                data.drain(..range.start);
+                ReadData::Owned(data)
+            }
+            ReadData::Store(read) => ReadData::Store(read),
+        }
+    }
+}
+
+/// An answer to `get_parts`: like `CacheRead`, with the bytes where the read left them.
+pub struct PartsRead {
+    /// Size of the whole object.
+    pub bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
+    /// Offset in the object of the first byte of `data`.
+    pub start: u64,
+    pub data: ReadData,
+    pub from_origin: bool,
+    /// Bytes the engine copied with the CPU to produce `data` (0 for NVMe reads, which land in
+    /// the pinned buffers by DMA, and for DRAM hits). Origin reads count one copy, a lower bound.
+    pub copied_bytes: u64,
+}
+
+impl PartsRead {
+    fn owned(read: CacheRead) -> PartsRead {
+        PartsRead {
+            bytes: read.bytes,
+            seq: read.seq,
+            dirty: read.dirty,
+            start: read.start,
+            copied_bytes: read.data.len() as u64,
+            data: ReadData::Owned(read.data),
+            from_origin: read.from_origin,
+        }
+    }
+
+    pub fn into_cache_read(self) -> CacheRead {
+        let (data, _) = self.data.into_vec();
+        CacheRead {
+            bytes: self.bytes,
+            seq: self.seq,
+            dirty: self.dirty,
+            start: self.start,
+            data,
+            from_origin: self.from_origin,
+        }
+    }
 }
 
 /// A shard's origin side: the shared origins, what this shard knows of them, its write-back.
@@ -198,6 +297,20 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Option<CacheRead>> {
+        Ok(self
+            .get_parts(key, range)
+            .await?
+            .map(PartsRead::into_cache_read))
+    }
+
+    /// Like `get`, but the bytes are left where the read found them (the shard's pinned
+    /// buffers, the DRAM tier's copy), so that a caller can copy them once, straight to where
+    /// they go. `copied_bytes` says how many bytes the engine copied on the way.
+    pub async fn get_parts(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+    ) -> Result<Option<PartsRead>> {
         let Some((origin, route)) = self.route(key)? else {
             return self.get_stored(key, range).await;
         };
@@ -212,7 +325,7 @@ impl Cache {
                         .await?
                     {
                         Revalidated::Current => true,
-                        Revalidated::Replaced(read) => return Ok(Some(read)),
+                        Revalidated::Replaced(read) => return Ok(Some(PartsRead::owned(read))),
                         Revalidated::Gone => return Ok(None),
                         Revalidated::ReadThrough => false,
                     };
@@ -224,7 +337,7 @@ impl Cache {
                 }
             }
             match self.read_through(origin, &route, key, range).await? {
-                Through::Read(read) => return Ok(Some(read)),
+                Through::Read(read) => return Ok(Some(PartsRead::owned(read))),
                 Through::NotFound => return Ok(None),
                 Through::Changed => origin.reads.forget(key),
             }
@@ -244,45 +357,51 @@ impl Cache {
         &self,
         key: &ObjectKey,
         range: Option<ByteRange>,
-    ) -> Result<Option<CacheRead>> {
+    ) -> Result<Option<PartsRead>> {
         if let (Some(dram), Some(meta)) = (&self.dram, self.store.head(key)) {
             let whole = range.is_none_or(|range| {
                 range.start == 0 && range.end.is_none_or(|end| end >= meta.bytes)
             });
-            let answer = |data: &[u8], seq: u64| -> Result<CacheRead> {
-                let (start, end) = resolve_range(range, data.len() as u64)?;
-                Ok(CacheRead {
-                    bytes: data.len() as u64,
+            let answer = |data: ReadData, bytes: u64, seq: u64, copied_bytes: u64| {
+                let (start, end) = resolve_range(range, bytes)?;
+                Ok::<_, Error>(PartsRead {
+                    bytes,
                     seq,
                     dirty: meta.dirty,
                     start,
-                    data: data[start as usize..end as usize].to_vec(),
+                    data: data.narrowed(start as usize..end as usize),
                     from_origin: false,
+                    copied_bytes,
                 })
             };
             match dram.lookup(key, meta.seq, meta.bytes, whole) {
                 Lookup::Hit(data) => {
                     self.store.touch(key);
-                    return answer(&data, meta.seq).map(Some);
+                    let bytes = data.len() as u64;
+                    let full = 0..data.len();
+                    return answer(ReadData::Memory(data, full), bytes, meta.seq, 0).map(Some);
                 }
                 Lookup::Fill => {
                     let Some(read) = self.store.get(key, None).await? else {
                         return Ok(None);
                     };
+                    // Two copies: gathering the parts, and the DRAM tier's own.
                     let data = read.to_vec();
                     dram.fill(key, read.seq, &data);
-                    return answer(&data, read.seq).map(Some);
+                    let bytes = data.len() as u64;
+                    return answer(ReadData::Owned(data), bytes, read.seq, 2 * bytes).map(Some);
                 }
                 Lookup::Pass => {}
             }
         }
-        Ok(self.store.get(key, range).await?.map(|read| CacheRead {
+        Ok(self.store.get(key, range).await?.map(|read| PartsRead {
             bytes: read.bytes,
             seq: read.seq,
             dirty: read.dirty,
             start: read.start,
-            data: read.to_vec(),
             from_origin: false,
+            copied_bytes: 0,
+            data: ReadData::Store(read),
         }))
     }
 

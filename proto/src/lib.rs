@@ -12,6 +12,7 @@ pub mod codec;
 mod error;
 mod frame;
 mod limits;
+pub mod local;
 pub mod message;
 mod opcode;
 mod status;

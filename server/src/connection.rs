@@ -533,7 +533,7 @@ fn bad_request(error: ProtoError) -> (Status, String) {
     (Status::for_error(&error), error.to_string())
 }
 
-fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
+pub(crate) fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
     let status = match error.kind() {
         ErrorKind::InvalidKey => Status::InvalidKey,
         ErrorKind::InvalidRange => Status::InvalidRange,
@@ -607,7 +607,7 @@ async fn get_object(
                 ));
             }
         }
-        let Some(read) = cache.get(&key, Some(range)).await? else {
+        let Some(read) = cache.get_parts(&key, Some(range)).await? else {
             return Ok(None);
         };
         let info = ObjectInfo {
@@ -616,7 +616,11 @@ async fn get_object(
             dirty: read.dirty,
             range_start: read.start,
         };
-        Ok(Some((info, read.data)))
+        let (data, gathered) = read.data.into_vec();
+        // Then into the answer's frame and into the send buffer: two more copies.
+        let copied = read.copied_bytes + gathered + 2 * data.len() as u64;
+        metrics::count_copies(metrics::PATH_TCP, copied, data.len() as u64);
+        Ok(Some((info, data)))
     })
     .await
     .map_err(engine_failure)?;

@@ -6,6 +6,7 @@
 //! frame), HEAD, DELETE, LIST, with pipelined requests answered as they complete.
 
 mod connection;
+mod local;
 pub mod metrics;
 
 use std::io;
@@ -29,6 +30,9 @@ pub struct ServerConfig {
     pub allow_remote_without_token: bool,
     /// Serve Prometheus metrics over HTTP here (`GET /metrics`).
     pub metrics: Option<SocketAddr>,
+    /// Serve the same-host path on this Unix domain socket (default none; docs/protocol.md,
+    /// "Same-host path").
+    pub local_socket: Option<std::path::PathBuf>,
 }
 
 /// A running server.
@@ -37,6 +41,7 @@ pub struct Server {
     address: SocketAddr,
     listeners: Vec<OwnedFd>,
     metrics: Option<MetricsEndpoint>,
+    local: Option<local::LocalEndpoint>,
 }
 
 /// A small HTTP endpoint on its own thread: it answers every request with the metrics text.
@@ -153,11 +158,16 @@ impl Server {
             Some(address) => Some(start_metrics(address, engine.handle())?),
             None => None,
         };
+        let local = match &config.local_socket {
+            Some(path) => Some(local::start(path, engine.handle())?),
+            None => None,
+        };
         Ok(Server {
             engine,
             address,
             listeners,
             metrics,
+            local,
         })
     }
 
@@ -170,6 +180,11 @@ impl Server {
         self.metrics.as_ref().map(|metrics| metrics.address)
     }
 
+    /// The same-host socket, if there is one.
+    pub fn local_socket(&self) -> Option<&std::path::Path> {
+        self.local.as_ref().map(|local| local.path())
+    }
+
     pub fn shard_count(&self) -> usize {
         self.engine.shard_count()
     }
@@ -180,8 +195,12 @@ impl Server {
             engine,
             listeners,
             metrics,
+            local,
             ..
         } = self;
+        if let Some(local) = local {
+            local.stop();
+        }
         if let Some(metrics) = metrics {
             metrics
                 .stop

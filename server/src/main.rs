@@ -73,6 +73,10 @@ struct Arguments {
     /// Default: a quarter of the data devices, at most 4 GiB.
     #[arg(long, env = "HYDRANT_DIRTY_BYTES_MAX")]
     dirty_bytes_max: Option<String>,
+    /// Serve clients on this host over this Unix domain socket too: reads land in a shared
+    /// memory region instead of crossing a socket (docs/protocol.md, "Same-host path").
+    #[arg(long, env = "HYDRANT_LOCAL_SOCKET")]
+    local_socket: Option<PathBuf>,
 }
 
 /// The settings a `--config` file may hold.
@@ -92,6 +96,7 @@ struct ConfigFile {
     dirty_bytes_max: Option<String>,
     dram_bytes: Option<String>,
     admission_bytes_per_second: Option<String>,
+    local_socket: Option<PathBuf>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -130,6 +135,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.admission_bytes_per_second = arguments
         .admission_bytes_per_second
         .or(file.admission_bytes_per_second);
+    arguments.local_socket = arguments.local_socket.or(file.local_socket);
     Ok(arguments)
 }
 
@@ -352,6 +358,7 @@ fn main() -> ExitCode {
         token,
         allow_remote_without_token: arguments.allow_remote_without_token,
         metrics: arguments.metrics,
+        local_socket: arguments.local_socket.clone(),
     }) {
         Ok(server) => server,
         Err(error) => {
@@ -367,8 +374,12 @@ fn main() -> ExitCode {
         .metrics_address()
         .map(|address| format!("; metrics on http://{address}/metrics"))
         .unwrap_or_default();
+    let local = server
+        .local_socket()
+        .map(|path| format!("; local socket {}", path.display()))
+        .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; data: {}; DRAM tier {} MiB{origin_text}{metrics}",
+        "hydrant-server listening on {} with {} shards; data: {}; DRAM tier {} MiB{origin_text}{local}{metrics}",
         server.address(),
         server.shard_count(),
         data.join(", "),

@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hydrant_engine::ShardStats;
@@ -24,6 +25,34 @@ pub struct ServerCounters {
     /// Per opcode: counts per bucket of LATENCY_BUCKETS_US, then +Inf; and the sum in µs.
     pub latency_buckets: [[u64; 9]; 16],
     pub latency_sum_us: [u64; 16],
+    /// Object bytes copied by the CPU on the way to a client, per path (`PATH_LOCAL`,
+    /// `PATH_TCP`): in the engine (gathering parts, DRAM fills) and in the server (into the
+    /// shared region; into frames and the send buffer). The kernel's socket copies are not
+    /// counted (two more per byte on TCP: send and receive).
+    pub copied_bytes: [u64; 2],
+    /// Object bytes delivered to clients, per path.
+    pub delivered_bytes: [u64; 2],
+}
+
+/// Index of the same-host path in the per-path counters.
+pub const PATH_LOCAL: usize = 0;
+/// Index of the TCP path in the per-path counters.
+pub const PATH_TCP: usize = 1;
+const PATH_NAMES: [&str; 2] = ["local", "tcp"];
+
+/// Same-host regions mapped now, and their bytes (process-wide: they belong to connection
+/// threads, not shards).
+pub static LOCAL_REGIONS: AtomicU64 = AtomicU64::new(0);
+pub static LOCAL_REGION_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Same-host connections open now.
+pub static LOCAL_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Count `copied` bytes copied by the CPU to deliver `delivered` bytes on `path`.
+pub(crate) fn count_copies(path: usize, copied: u64, delivered: u64) {
+    count(|counters| {
+        counters.copied_bytes[path] += copied;
+        counters.delivered_bytes[path] += delivered;
+    });
 }
 
 thread_local! {
@@ -261,6 +290,47 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
                 field(counters)
             );
         }
+    }
+    for (name, help, field) in [
+        (
+            "hydrant_copied_bytes_total",
+            "Object bytes copied by the CPU on the way to clients (kernel socket copies not counted).",
+            (|counters: &ServerCounters, path: usize| counters.copied_bytes[path]) as fn(&ServerCounters, usize) -> u64,
+        ),
+        (
+            "hydrant_delivered_bytes_total",
+            "Object bytes delivered to clients.",
+            |counters: &ServerCounters, path: usize| counters.delivered_bytes[path],
+        ),
+    ] {
+        metric(&mut out, name, "counter", help);
+        for (path, path_name) in PATH_NAMES.iter().enumerate() {
+            let total: u64 = shards
+                .iter()
+                .map(|(_, counters)| field(counters, path))
+                .sum();
+            let _ = writeln!(out, "{name}{{path=\"{path_name}\"}} {total}");
+        }
+    }
+    for (name, help, value) in [
+        (
+            "hydrant_local_regions",
+            "Same-host shared regions mapped now.",
+            &LOCAL_REGIONS,
+        ),
+        (
+            "hydrant_local_region_bytes",
+            "Bytes of the same-host shared regions mapped now.",
+            &LOCAL_REGION_BYTES,
+        ),
+        (
+            "hydrant_local_connections",
+            "Same-host connections open now.",
+            &LOCAL_CONNECTIONS,
+        ),
+    ] {
+        metric(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
     }
     metric(
         &mut out,

@@ -48,6 +48,7 @@ fn start_server(directory: &std::path::Path) -> Server {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })
     .expect("server starts")
 }

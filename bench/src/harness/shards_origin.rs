@@ -236,6 +236,7 @@ fn start_hydrant(args: &ShardsArgs, bucket: &str) -> Result<Server, String> {
         token: None,
         allow_remote_without_token: false,
         metrics: None,
+        local_socket: None,
     })
 }
 

@@ -1,0 +1,183 @@
+//! The same-host path against TCP on loopback and against fio on the same file, in one run:
+//! 1 MiB reads of objects on NVMe (no DRAM tier by default), throughput and CPU seconds per GiB
+//! (getrusage of this process, which holds the server and the clients; fio's from
+//! RUSAGE_CHILDREN).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hydrant_client::local::LocalClient;
+use hydrant_client::Client;
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::{EngineConfig, FormatPolicy};
+use hydrant_proto::Limits;
+use hydrant_server::{Server, ServerConfig};
+
+#[derive(Args)]
+pub struct LocalArgs {
+    /// Directory for the server's data file and socket (overwritten).
+    #[arg(long, default_value = "target/bench-scratch")]
+    dir: PathBuf,
+    /// Objects of `object_bytes` loaded, then read round robin.
+    #[arg(long, default_value_t = 256)]
+    objects: usize,
+    #[arg(long, default_value_t = 1 << 20)]
+    object_bytes: usize,
+    /// Readers at once (threads, one connection each; fio's queue depth).
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The DRAM tier (0: every read from NVMe).
+    #[arg(long, default_value_t = 0)]
+    dram_bytes: u64,
+}
+
+/// CPU seconds (user + system) of this process, or of its waited-for children.
+fn cpu_seconds(who: i32) -> f64 {
+    // SAFETY: getrusage fills the struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(who, &mut usage) };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+struct Figure {
+    gib_per_second: f64,
+    cpu_seconds_per_gib: f64,
+}
+
+fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> Figure {
+    let cpu_before = cpu_seconds(libc::RUSAGE_SELF);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
+    let bytes: u64 = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..streams)
+            .map(|stream| {
+                let read = &read;
+                scope.spawn(move || {
+                    let mut bytes = 0;
+                    let mut round = stream;
+                    while Instant::now() < deadline {
+                        bytes += read(round);
+                        round += streams;
+                    }
+                    bytes
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().unwrap())
+            .sum()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(libc::RUSAGE_SELF) - cpu_before;
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    Figure {
+        gib_per_second: gib / elapsed,
+        cpu_seconds_per_gib: cpu / gib,
+    }
+}
+
+pub fn local(args: LocalArgs) -> Result<(), String> {
+    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
+    let path = args.dir.join("local-bench.hyd");
+    let socket = args.dir.join("local-bench.sock");
+    let _ = std::fs::remove_file(&path);
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, 2 << 30)]);
+    engine.shards = Some(2);
+    engine.format = FormatPolicy::Always;
+    engine.dram_bytes = args.dram_bytes;
+    let server = Server::start(ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        engine,
+        limits: Limits::default(),
+        token: None,
+        allow_remote_without_token: false,
+        metrics: None,
+        local_socket: Some(socket.clone()),
+    })?;
+    let address = vec![server.address().to_string()];
+    let error = |error: hydrant_client::ClientError| error.to_string();
+    let mut loader = Client::connect(&address, Duration::from_secs(30)).map_err(error)?;
+    for index in 0..args.objects {
+        let value: Vec<u8> = (0..args.object_bytes)
+            .map(|byte| (byte as u64 * 31 + index as u64) as u8)
+            .collect();
+        loader
+            .put("bench", &format!("o{index}"), &value)
+            .map_err(error)?;
+    }
+    let objects = args.objects;
+    let object_bytes = args.object_bytes;
+
+    println!(
+        "| round | same-host GiB/s | CPU s/GiB | TCP loopback GiB/s | CPU s/GiB | fio GiB/s | fio CPU s/GiB |  ({} objects of {} bytes, {} streams, DRAM tier {} bytes)",
+        objects, object_bytes, args.streams, args.dram_bytes
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for round in 1..=args.rounds {
+        // Same-host: one connection and region per stream.
+        let locals: Vec<_> = (0..args.streams)
+            .map(|_| {
+                let mut client = LocalClient::connect(&socket).map_err(error)?;
+                let region = client.allocate(object_bytes as u64).map_err(error)?;
+                Ok(std::sync::Mutex::new((client, region)))
+            })
+            .collect::<Result<_, String>>()?;
+        let local = measure(args.streams, args.seconds, |index| {
+            let mut guard = locals[index % locals.len()].lock().unwrap();
+            let (client, region) = &mut *guard;
+            let info = client
+                .read_into(region, 0, "bench", &format!("o{}", index % objects), None)
+                .expect("local read");
+            info.written
+        });
+        drop(locals);
+        // TCP on loopback, into a buffer of the caller's (get_into).
+        let tcps: Vec<_> = (0..args.streams)
+            .map(|_| {
+                let client = Client::connect(&address, Duration::from_secs(30)).map_err(error)?;
+                Ok(std::sync::Mutex::new((client, vec![0u8; object_bytes])))
+            })
+            .collect::<Result<_, String>>()?;
+        let tcp = measure(args.streams, args.seconds, |index| {
+            let mut guard = tcps[index % tcps.len()].lock().unwrap();
+            let (client, buffer) = &mut *guard;
+            let (_, len) = client
+                .get_into("bench", &format!("o{}", index % objects), None, buffer)
+                .expect("tcp read");
+            len as u64
+        });
+        drop(tcps);
+        // fio: the same file, random 1 MiB direct reads at the same depth.
+        let children_before = cpu_seconds(libc::RUSAGE_CHILDREN);
+        let fio = crate::fio::run(
+            &path,
+            "local-bench",
+            "randread",
+            &format!("{}", object_bytes),
+            args.streams as u32,
+            args.seconds,
+            None,
+        )?;
+        let fio_cpu = cpu_seconds(libc::RUSAGE_CHILDREN) - children_before;
+        let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
+        let fio_cpu_per_gib = fio_cpu / (fio_gib * args.seconds as f64);
+        println!(
+            "| {round} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} | {:.3} |",
+            local.gib_per_second,
+            local.cpu_seconds_per_gib,
+            tcp.gib_per_second,
+            tcp.cpu_seconds_per_gib,
+            fio_gib,
+            fio_cpu_per_gib
+        );
+    }
+    server.stop().map_err(|error| error.to_string())?;
+    Ok(())
+}

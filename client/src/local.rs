@@ -1,0 +1,512 @@
+//! The same-host client: reads land in a memory region shared with a server on this machine
+//! (`hydrant-server --local-socket PATH`); only a small completion crosses the socket.
+//!
+//! ```no_run
+//! # fn main() -> hydrant_client::Result<()> {
+//! use hydrant_client::local::LocalClient;
+//! let mut client = LocalClient::connect("/run/hydrant.sock")?;
+//! let mut region = client.allocate(64 << 20)?;
+//! let _ = region.register_cuda(); // pinned for the GPU when CUDA is there; fine without
+//! let info = client.read_into(&mut region, 0, "bucket", "key", None)?;
+//! let bytes = &region.as_slice()[..info.written as usize];
+//! # let _ = bytes; Ok(()) }
+//! ```
+//!
+//! A region belongs to the connection that allocated it: the server frees its side when the
+//! connection closes, and the client's mapping lives until the `Region` is dropped.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use hydrant_proto::local::{
+    local_message, LocalHeader, LocalOpcode, LocalRead, LocalReadAnswer, LocalReadItem,
+    LocalRegionInfo, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGION_FLAG_HUGE_PAGES,
+};
+use hydrant_proto::Status;
+
+use crate::cuda::{CudaError, CudaRuntime};
+use crate::{ClientError, Result};
+
+/// How long a request may wait for its answer.
+const LOCAL_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Distinguishes connections, so that a region is only used with the one it belongs to.
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// What a read did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadInfo {
+    /// Size of the whole object.
+    pub object_bytes: u64,
+    /// Offset in the object of the first byte written.
+    pub range_start: u64,
+    /// Bytes written into the region at the read's offset.
+    pub written: u64,
+}
+
+/// One read of a batch: `bucket/key` (or `range`: start, exclusive end) into the region at
+/// `offset`, using at most `length` bytes there.
+#[derive(Clone, Debug)]
+pub struct LocalGet {
+    pub offset: u64,
+    pub length: u64,
+    pub bucket: String,
+    pub key: String,
+    pub range: Option<(u64, Option<u64>)>,
+}
+
+/// A connection to a server's same-host socket.
+pub struct LocalClient {
+    stream: UnixStream,
+    connection: u64,
+    next_request: u64,
+}
+
+/// A shared memory region: the server writes reads into it; the client reads (and may register
+/// it with CUDA).
+pub struct Region {
+    _memfd: OwnedFd,
+    address: *mut u8,
+    bytes: u64,
+    id: u32,
+    connection: u64,
+    huge_pages: bool,
+    cuda: Option<Arc<CudaRuntime>>,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; `&mut` is needed to have the server
+// write into it, so shared references only ever read it.
+unsafe impl Send for Region {}
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub fn len(&self) -> usize {
+        self.bytes as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Whether the server backed it with huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// Whether it is registered with CUDA (page-locked for DMA).
+    pub fn cuda_registered(&self) -> bool {
+        self.cuda.is_some()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `bytes` long and lives as long as self; the server writes into
+        // it only during a read, which takes `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.address, self.bytes as usize) }
+    }
+
+    /// The start of the mapping, for handing to a device API (cudaMemcpy and the like).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.address
+    }
+
+    /// Register the region with CUDA (loaded at run time). On error the region works as before,
+    /// unpinned.
+    pub fn register_cuda(&mut self) -> std::result::Result<(), CudaError> {
+        if self.cuda.is_some() {
+            return Ok(());
+        }
+        let runtime = CudaRuntime::load()?;
+        self.register_with(runtime)
+    }
+
+    /// Register with a runtime the caller loaded.
+    pub fn register_with(
+        &mut self,
+        runtime: Arc<CudaRuntime>,
+    ) -> std::result::Result<(), CudaError> {
+        // SAFETY: the mapping stays until Drop, which unregisters first.
+        unsafe { runtime.register(self.address, self.bytes as usize)? };
+        self.cuda = Some(runtime);
+        Ok(())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.cuda.take() {
+            // SAFETY: registered with this runtime in register_with.
+            let _ = unsafe { runtime.unregister(self.address) };
+        }
+        // SAFETY: our own mapping of `bytes`.
+        unsafe { libc::munmap(self.address.cast(), self.bytes as usize) };
+    }
+}
+
+impl LocalClient {
+    pub fn connect(path: impl AsRef<Path>) -> Result<LocalClient> {
+        let path = path.as_ref();
+        let stream = UnixStream::connect(path).map_err(|error| {
+            ClientError::Io(io::Error::new(
+                error.kind(),
+                format!("{}: {error}", path.display()),
+            ))
+        })?;
+        stream.set_read_timeout(Some(LOCAL_REQUEST_TIMEOUT))?;
+        stream.set_write_timeout(Some(LOCAL_REQUEST_TIMEOUT))?;
+        Ok(LocalClient {
+            stream,
+            connection: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+            next_request: 1,
+        })
+    }
+
+    /// A region of `bytes` shared with the server (at most 16 GiB per connection in all).
+    pub fn allocate(&mut self, bytes: u64) -> Result<Region> {
+        let (_, body, fd) = self.call(LocalOpcode::Allocate, &bytes.to_le_bytes())?;
+        let info = LocalRegionInfo::decode(&body)?;
+        let memfd = fd.ok_or_else(|| {
+            ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the server's ALLOCATE answer came without a file descriptor",
+            ))
+        })?;
+        // SAFETY: mapping the whole memfd the server sized (and sealed against shrinking).
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                info.bytes as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(ClientError::Io(io::Error::last_os_error()));
+        }
+        Ok(Region {
+            _memfd: memfd,
+            address: address.cast(),
+            bytes: info.bytes,
+            id: info.region,
+            connection: self.connection,
+            huge_pages: info.flags & LOCAL_REGION_FLAG_HUGE_PAGES != 0,
+            cuda: None,
+        })
+    }
+
+    /// Read `bucket/key` (or `range`) into `region` at `offset`, using the rest of the region.
+    pub fn read_into(
+        &mut self,
+        region: &mut Region,
+        offset: u64,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<ReadInfo> {
+        let item = LocalGet {
+            offset,
+            length: region.bytes.saturating_sub(offset),
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            range,
+        };
+        self.read_batch(region, &[item])?
+            .pop()
+            .expect("one result per item")
+    }
+
+    /// Several reads into one region in one request; one result per item, in order.
+    pub fn read_batch(
+        &mut self,
+        region: &mut Region,
+        items: &[LocalGet],
+    ) -> Result<Vec<Result<ReadInfo>>> {
+        if region.connection != self.connection {
+            return Err(ClientError::Usage(
+                "this region belongs to another connection".into(),
+            ));
+        }
+        self.read_raw(region.id, items)
+    }
+
+    fn read_raw(&mut self, region: u32, items: &[LocalGet]) -> Result<Vec<Result<ReadInfo>>> {
+        let request = LocalRead {
+            region,
+            items: items
+                .iter()
+                .map(|item| {
+                    let (range_start, range_end) = match item.range {
+                        None => (0, LOCAL_RANGE_TO_END),
+                        Some((start, end)) => (start, end.unwrap_or(LOCAL_RANGE_TO_END)),
+                    };
+                    LocalReadItem {
+                        offset: item.offset,
+                        length: item.length,
+                        range_start,
+                        range_end,
+                        bucket: item.bucket.clone(),
+                        key: item.key.clone(),
+                    }
+                })
+                .collect(),
+        };
+        let (_, body, _) = self.call(LocalOpcode::Read, &request.encode())?;
+        let answer = LocalReadAnswer::decode(&body)?;
+        if answer.items.len() != items.len() {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the server answered a different number of items",
+            )));
+        }
+        Ok(answer
+            .items
+            .into_iter()
+            .map(|item| {
+                if item.status == Status::Ok as u8 {
+                    Ok(ReadInfo {
+                        object_bytes: item.object_bytes,
+                        range_start: item.range_start,
+                        written: item.written,
+                    })
+                } else {
+                    Err(ClientError::Status {
+                        status: item.status,
+                        message: item.message,
+                    })
+                }
+            })
+            .collect())
+    }
+
+    /// Give the server's side of a region back before the connection closes.
+    pub fn free(&mut self, region: Region) -> Result<()> {
+        self.call(LocalOpcode::Free, &region.id.to_le_bytes())?;
+        Ok(())
+    }
+
+    /// Send one request and read its answer (with the fd it carries, if any).
+    fn call(
+        &mut self,
+        opcode: LocalOpcode,
+        body: &[u8],
+    ) -> Result<(LocalHeader, Vec<u8>, Option<OwnedFd>)> {
+        let request_id = self.next_request;
+        self.next_request += 1;
+        self.stream
+            .write_all(&local_message(opcode, 0, request_id, body))?;
+        let mut header_bytes = [0u8; LOCAL_HEADER_BYTES];
+        let fd = receive_with_fd(&self.stream, &mut header_bytes)?;
+        let header = LocalHeader::decode(&header_bytes)?;
+        let mut answer = vec![0u8; header.body_len as usize];
+        self.stream.read_exact(&mut answer)?;
+        if header.request_id != request_id {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "an answer to another request",
+            )));
+        }
+        if header.status != Status::Ok as u8 {
+            return Err(ClientError::Status {
+                status: header.status,
+                message: String::from_utf8_lossy(&answer).into_owned(),
+            });
+        }
+        Ok((header, answer, fd))
+    }
+}
+
+/// Fill `buffer` from the socket with recvmsg, keeping a file descriptor passed with the bytes.
+fn receive_with_fd(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+    let mut received = 0;
+    let mut fd = None;
+    while received < buffer.len() {
+        let mut control = [0u64; 8]; // aligned for cmsghdr
+        let mut iov = libc::iovec {
+            iov_base: buffer[received..].as_mut_ptr().cast(),
+            iov_len: buffer.len() - received,
+        };
+        // SAFETY: msghdr is plain data; its pointers outlive the call.
+        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+        header.msg_iov = &mut iov;
+        header.msg_iovlen = 1;
+        header.msg_control = control.as_mut_ptr().cast();
+        header.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: recvmsg writes into the iovec and control buffers described above.
+        let count =
+            unsafe { libc::recvmsg(stream.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
+        if count < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if count == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            ));
+        }
+        received += count as usize;
+        // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&header);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let passed: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                    fd = Some(OwnedFd::from_raw_fd(passed));
+                }
+                cmsg = libc::CMSG_NXTHDR(&header, cmsg);
+            }
+        }
+    }
+    Ok(fd)
+}
+
+/// A ring of `slots` regions, each on a connection and thread of its own, so that the read of
+/// the next object proceeds while the caller works on the previous one:
+///
+/// ```no_run
+/// # fn main() -> hydrant_client::Result<()> {
+/// # let keys = vec!["a".to_string(), "b".to_string()];
+/// use hydrant_client::local::ReadRing;
+/// let mut ring = ReadRing::new("/run/hydrant.sock", 2, 64 << 20)?;
+/// let mut pending = keys.iter();
+/// for key in pending.by_ref().take(ring.slots()) {
+///     ring.submit("bucket", key, None)?;
+/// }
+/// while let Some(done) = ring.complete() {
+///     let _bytes: &[u8] = done?.data; // the other slots are being filled meanwhile
+///     if let Some(key) = pending.next() {
+///         ring.submit("bucket", key, None)?;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ReadRing {
+    slots: Vec<Slot>,
+    /// Slots in submission order that have a read in flight or a result not yet taken.
+    order: std::collections::VecDeque<usize>,
+}
+
+struct Slot {
+    region: Region,
+    jobs: Option<mpsc::Sender<LocalGet>>,
+    results: mpsc::Receiver<Result<ReadInfo>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    busy: bool,
+}
+
+/// A read the ring completed: its bytes stay valid until this is dropped (the slot is not
+/// reused before).
+pub struct Completed<'a> {
+    pub info: ReadInfo,
+    pub data: &'a [u8],
+}
+
+impl ReadRing {
+    pub fn new(path: impl AsRef<Path>, slots: usize, slot_bytes: u64) -> Result<ReadRing> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        if slots == 0 {
+            return Err(ClientError::Usage("a ring needs at least one slot".into()));
+        }
+        let mut ring = ReadRing {
+            slots: Vec::with_capacity(slots),
+            order: Default::default(),
+        };
+        for _ in 0..slots {
+            let mut client = LocalClient::connect(&path)?;
+            let region = client.allocate(slot_bytes)?;
+            let (jobs, job_queue) = mpsc::channel::<LocalGet>();
+            let (result_sender, results) = mpsc::channel();
+            let region_id = region.id;
+            let worker = std::thread::Builder::new()
+                .name("hydrant-read-ring".into())
+                .spawn(move || {
+                    for job in job_queue {
+                        let result = client
+                            .read_raw(region_id, std::slice::from_ref(&job))
+                            .and_then(|mut results| results.pop().expect("one result"));
+                        if result_sender.send(result).is_err() {
+                            return;
+                        }
+                    }
+                })?;
+            ring.slots.push(Slot {
+                region,
+                jobs: Some(jobs),
+                results,
+                worker: Some(worker),
+                busy: false,
+            });
+        }
+        Ok(ring)
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Start a read into the next free slot; an error when every slot is taken.
+    pub fn submit(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<()> {
+        let Some(index) = self.slots.iter().position(|slot| !slot.busy) else {
+            return Err(ClientError::Usage(
+                "every slot of the ring is in use: take a completion first".into(),
+            ));
+        };
+        let slot = &mut self.slots[index];
+        let job = LocalGet {
+            offset: 0,
+            length: slot.region.bytes,
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            range,
+        };
+        slot.jobs
+            .as_ref()
+            .expect("open while the ring lives")
+            .send(job)
+            .map_err(|_| ClientError::Usage("the ring's worker stopped".into()))?;
+        slot.busy = true;
+        self.order.push_back(index);
+        Ok(())
+    }
+
+    /// The oldest submitted read, once complete; `None` when nothing is in flight.
+    pub fn complete(&mut self) -> Option<Result<Completed<'_>>> {
+        let index = self.order.pop_front()?;
+        let slot = &mut self.slots[index];
+        slot.busy = false;
+        let result = match slot.results.recv() {
+            Ok(result) => result,
+            Err(_) => return Some(Err(ClientError::Usage("the ring's worker stopped".into()))),
+        };
+        let slot = &self.slots[index];
+        Some(result.map(|info| Completed {
+            info,
+            data: &slot.region.as_slice()[..info.written as usize],
+        }))
+    }
+}
+
+impl Drop for ReadRing {
+    fn drop(&mut self) {
+        for slot in &mut self.slots {
+            slot.jobs = None; // the worker ends after its current read
+            if let Some(worker) = slot.worker.take() {
+                let _ = worker.join();
+            }
+        }
+    }
+}

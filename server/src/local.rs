@@ -1,0 +1,681 @@
+//! The same-host path (`--local-socket PATH`): a Unix domain socket for clients on this machine.
+//!
+//! A client asks for a region (ALLOCATE); the server creates a sealed memfd, maps it, and passes
+//! the fd with SCM_RIGHTS. A READ names places in that region; the owning shard copies the
+//! object's bytes from its pinned buffers (or the DRAM tier) straight into the mapping, and only
+//! a small completion crosses the socket. Messages are in `hydrant_proto::local` and
+//! docs/protocol.md.
+//!
+//! Each connection is served by a thread of its own (at most `LOCAL_CONNECTIONS_MAX`), one
+//! request at a time; a READ's items run concurrently on their shards. The thread blocks only
+//! on its socket and on the shards' answers. Peers are checked with SO_PEERCRED: only the
+//! server's own uid, or root. There is no token on this path: the socket file is made 0600 and
+//! the kernel tells who is connecting.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use hydrant_engine::rt::sync::Semaphore;
+use hydrant_engine::rt::{block_on, spawn};
+use hydrant_engine::store::ObjectKey;
+use hydrant_engine::{ByteRange, Cache, EngineHandle};
+use hydrant_proto::local::{
+    local_message, LocalHeader, LocalItemResult, LocalOpcode, LocalRead, LocalReadAnswer,
+    LocalRegionInfo, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX,
+    LOCAL_REGION_BYTES_MAX, LOCAL_REGION_FLAG_HUGE_PAGES,
+};
+use hydrant_proto::Status;
+
+use crate::connection::engine_failure;
+use crate::metrics::{self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGION_BYTES};
+
+/// Same-host connections served at once; more are closed on arrival.
+const LOCAL_CONNECTIONS_MAX: u64 = 256;
+/// All regions of all same-host clients together.
+const LOCAL_REGION_BYTES_TOTAL_MAX: u64 = 64 << 30;
+/// Items of one READ read at once on their shards.
+const LOCAL_READS_IN_FLIGHT_MAX: usize = 32;
+/// Huge page size tried for regions that are a multiple of it.
+const HUGE_PAGE_BYTES: u64 = 2 << 20;
+
+/// The listening side; `stop` closes it and every connection.
+pub(crate) struct LocalEndpoint {
+    path: PathBuf,
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    connections: Arc<Mutex<HashMap<u64, RawFd>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+pub(crate) fn start(path: &Path, engine: EngineHandle) -> Result<LocalEndpoint, String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    // A socket file left by a server that died is in the way; anything else is not ours.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "--local-socket {}: exists and is not a socket",
+                path.display()
+            ));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|error| format!("cannot listen on {}: {error}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|error| format!("cannot restrict {}: {error}", path.display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let connections = Arc::new(Mutex::new(HashMap::new()));
+    let accepting = listener
+        .try_clone()
+        .map_err(|error| format!("{}: {error}", path.display()))?;
+    let thread_stop = stop.clone();
+    let thread_connections = connections.clone();
+    let thread = std::thread::Builder::new()
+        .name("hydrant-local".into())
+        .spawn(move || accept_loop(accepting, engine, thread_stop, thread_connections))
+        .map_err(|error| error.to_string())?;
+    Ok(LocalEndpoint {
+        path: path.to_path_buf(),
+        listener,
+        stop,
+        connections,
+        thread,
+    })
+}
+
+impl LocalEndpoint {
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // SAFETY: shutdown on fds owned by this endpoint (the listener) or by connection threads
+        // that remove their fd from the table, under its lock, before closing it.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for fd in self.connections.lock().expect("not poisoned").values() {
+            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+        }
+        let _ = self.thread.join();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    engine: EngineHandle,
+    stop: Arc<AtomicBool>,
+    connections: Arc<Mutex<HashMap<u64, RawFd>>>,
+) {
+    let mut next_id = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(_) if stop.load(Ordering::SeqCst) => return,
+            Err(error) => {
+                log::warn!("local socket: accept failed: {error}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
+        let Some((pid, uid)) = peer_credentials(&stream) else {
+            log::warn!("local socket: refused a peer whose credentials are unknown");
+            continue;
+        };
+        // SAFETY: geteuid cannot fail.
+        let own_uid = unsafe { libc::geteuid() };
+        if uid != own_uid && uid != 0 {
+            log::warn!(
+                "local socket: refused pid {pid} of uid {uid} (serving uid {own_uid} and root)"
+            );
+            continue;
+        }
+        if LOCAL_CONNECTIONS.load(Ordering::SeqCst) >= LOCAL_CONNECTIONS_MAX {
+            log::warn!("local socket: refused pid {pid}: {LOCAL_CONNECTIONS_MAX} connections open");
+            continue;
+        }
+        log::info!("local socket: client pid {pid} uid {uid}");
+        next_id += 1;
+        let id = next_id;
+        connections
+            .lock()
+            .expect("not poisoned")
+            .insert(id, stream.as_raw_fd());
+        LOCAL_CONNECTIONS.fetch_add(1, Ordering::SeqCst);
+        let engine = engine.clone();
+        let table = connections.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hydrant-local-conn".into())
+            .spawn(move || {
+                let mut connection = LocalConnection {
+                    engine,
+                    regions: HashMap::new(),
+                    next_region: 0,
+                };
+                if let Err(error) = connection.serve(&stream) {
+                    log::debug!("local connection of pid {pid} closed: {error}");
+                }
+                table.lock().expect("not poisoned").remove(&id);
+                drop(stream);
+                drop(connection); // unmaps its regions
+                LOCAL_CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            connections.lock().expect("not poisoned").remove(&id);
+            LOCAL_CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The peer's pid and uid, from the kernel (SO_PEERCRED).
+fn peer_credentials(stream: &UnixStream) -> Option<(i32, u32)> {
+    let mut credentials = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `credentials`.
+    let result = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut credentials as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (result == 0).then_some((credentials.pid, credentials.uid))
+}
+
+/// A shared region: a sealed memfd and the server's mapping of it.
+struct Region {
+    memfd: OwnedFd,
+    address: *mut u8,
+    bytes: u64,
+    huge_pages: bool,
+}
+
+impl Region {
+    /// Huge pages when the size allows and the system has them reserved; else plain pages.
+    fn create(bytes: u64) -> io::Result<Region> {
+        if bytes.is_multiple_of(HUGE_PAGE_BYTES) {
+            if let Ok(region) = Region::create_with(bytes, true) {
+                return Ok(region);
+            }
+        }
+        Region::create_with(bytes, false)
+    }
+
+    fn create_with(bytes: u64, huge_pages: bool) -> io::Result<Region> {
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        if huge_pages {
+            flags |= libc::MFD_HUGETLB;
+        }
+        // SAFETY: the name is a NUL-terminated string; the fd returned is ours to own.
+        let fd = unsafe { libc::memfd_create(c"hydrant-region".as_ptr(), flags) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nothing else.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscalls on the fd we own.
+        if unsafe { libc::ftruncate(fd, bytes as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The client must not shrink the file under our mapping (a write past its end would
+        // raise SIGBUS in the server) nor grow it; SEAL_SEAL keeps these seals final.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new shared mapping of the whole file; nothing else is at that address.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Region {
+            memfd,
+            address: address.cast(),
+            bytes,
+            huge_pages,
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; no read writes into it any more (reads complete
+        // before the connection thread, which owns the region, goes on).
+        unsafe { libc::munmap(self.address.cast(), self.bytes as usize) };
+        LOCAL_REGIONS.fetch_sub(1, Ordering::SeqCst);
+        LOCAL_REGION_BYTES.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// Where one item's bytes go: an address in a region's mapping and the bytes available there.
+#[derive(Clone, Copy)]
+struct Destination {
+    address: usize,
+    length: u64,
+}
+
+struct LocalConnection {
+    engine: EngineHandle,
+    regions: HashMap<u32, Region>,
+    next_region: u32,
+}
+
+impl LocalConnection {
+    fn serve(&mut self, stream: &UnixStream) -> io::Result<()> {
+        let mut reader = stream;
+        loop {
+            let mut header_bytes = [0u8; LOCAL_HEADER_BYTES];
+            match reader.read_exact(&mut header_bytes) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(error) => return Err(error),
+            }
+            let header = LocalHeader::decode(&header_bytes)
+                .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))?;
+            let mut body = vec![0u8; header.body_len as usize];
+            reader.read_exact(&mut body)?;
+            let opcode = match LocalOpcode::from_u8(header.opcode) {
+                Ok(opcode) => opcode,
+                Err(error) => {
+                    // Answer as FREE, the opcode that carries nothing.
+                    let message = local_message(
+                        LocalOpcode::Free,
+                        Status::Unsupported as u8,
+                        header.request_id,
+                        error.to_string().as_bytes(),
+                    );
+                    (&*stream).write_all(&message)?;
+                    continue;
+                }
+            };
+            match opcode {
+                LocalOpcode::Allocate => self.allocate(stream, header.request_id, &body)?,
+                LocalOpcode::Read => {
+                    let (status, answer) = match LocalRead::decode(&body) {
+                        Ok(request) => (Status::Ok, self.read(request).encode()),
+                        Err(error) => (Status::for_error(&error), error.to_string().into_bytes()),
+                    };
+                    let message = local_message(opcode, status as u8, header.request_id, &answer);
+                    (&*stream).write_all(&message)?;
+                }
+                LocalOpcode::Free => {
+                    let (status, answer) = self.free(&body);
+                    let message =
+                        local_message(opcode, status as u8, header.request_id, answer.as_bytes());
+                    (&*stream).write_all(&message)?;
+                }
+            }
+        }
+    }
+
+    fn allocate(&mut self, stream: &UnixStream, request_id: u64, body: &[u8]) -> io::Result<()> {
+        let refuse = |status: Status, message: String| {
+            let answer = local_message(
+                LocalOpcode::Allocate,
+                status as u8,
+                request_id,
+                message.as_bytes(),
+            );
+            (&*stream).write_all(&answer)
+        };
+        let Ok(bytes) = body.try_into().map(u64::from_le_bytes) else {
+            return refuse(Status::BadRequest, "ALLOCATE carries a u64".into());
+        };
+        let held: u64 = self.regions.values().map(|region| region.bytes).sum();
+        if bytes == 0 || held + bytes > LOCAL_REGION_BYTES_MAX {
+            return refuse(
+                Status::TooLarge,
+                format!("a connection holds 1 to {LOCAL_REGION_BYTES_MAX} bytes of regions; {held} held, {bytes} asked"),
+            );
+        }
+        if self.regions.len() as u32 >= LOCAL_REGIONS_PER_CONNECTION_MAX {
+            return refuse(
+                Status::TooLarge,
+                format!("a connection holds at most {LOCAL_REGIONS_PER_CONNECTION_MAX} regions"),
+            );
+        }
+        let total = LOCAL_REGION_BYTES.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        if total > LOCAL_REGION_BYTES_TOTAL_MAX {
+            LOCAL_REGION_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+            return refuse(
+                Status::Busy,
+                format!(
+                    "same-host regions are at their bound of {LOCAL_REGION_BYTES_TOTAL_MAX} bytes"
+                ),
+            );
+        }
+        LOCAL_REGIONS.fetch_add(1, Ordering::SeqCst);
+        let region = match Region::create(bytes) {
+            Ok(region) => region,
+            Err(error) => {
+                LOCAL_REGIONS.fetch_sub(1, Ordering::SeqCst);
+                LOCAL_REGION_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+                return refuse(Status::Internal, format!("cannot create a region: {error}"));
+            }
+        };
+        self.next_region += 1;
+        let info = LocalRegionInfo {
+            region: self.next_region,
+            flags: if region.huge_pages {
+                LOCAL_REGION_FLAG_HUGE_PAGES
+            } else {
+                0
+            },
+            bytes,
+        };
+        let memfd = region.memfd.as_raw_fd();
+        self.regions.insert(info.region, region);
+        let message = local_message(
+            LocalOpcode::Allocate,
+            Status::Ok as u8,
+            request_id,
+            &info.encode(),
+        );
+        send_with_fd(stream, &message, memfd)
+    }
+
+    fn free(&mut self, body: &[u8]) -> (Status, String) {
+        let Ok(region) = body.try_into().map(u32::from_le_bytes) else {
+            return (Status::BadRequest, "FREE carries a u32".into());
+        };
+        match self.regions.remove(&region) {
+            Some(_) => (Status::Ok, String::new()),
+            None => (Status::NotFound, format!("no region {region}")),
+        }
+    }
+
+    /// Every item of a READ, concurrently on the shards that own them; per-item results.
+    fn read(&self, request: LocalRead) -> LocalReadAnswer {
+        let mut results: Vec<Option<LocalItemResult>> = vec![None; request.items.len()];
+        let Some(region) = self.regions.get(&request.region) else {
+            let message = format!("no region {} on this connection", request.region);
+            return LocalReadAnswer {
+                items: results
+                    .iter()
+                    .map(|_| failed(Status::NotFound, message.clone()))
+                    .collect(),
+            };
+        };
+        let mut per_shard: HashMap<usize, Vec<ShardItem>> = HashMap::new();
+        for (index, item) in request.items.into_iter().enumerate() {
+            let fits = item
+                .offset
+                .checked_add(item.length)
+                .is_some_and(|end| end <= region.bytes);
+            if !fits {
+                results[index] = Some(failed(
+                    Status::InvalidRange,
+                    format!(
+                        "offset {} + length {} is outside the region of {} bytes",
+                        item.offset, item.length, region.bytes
+                    ),
+                ));
+                continue;
+            }
+            let key = match ObjectKey::new(&item.bucket, &item.key) {
+                Ok(key) => key,
+                Err(error) => {
+                    let (status, message) = engine_failure(error);
+                    results[index] = Some(failed(status, message));
+                    continue;
+                }
+            };
+            let range = ByteRange {
+                start: item.range_start,
+                end: (item.range_end != LOCAL_RANGE_TO_END).then_some(item.range_end),
+            };
+            let destination = Destination {
+                address: region.address as usize + item.offset as usize,
+                length: item.length,
+            };
+            per_shard
+                .entry(self.engine.shard_of(&key))
+                .or_default()
+                .push(ShardItem {
+                    index,
+                    key,
+                    range,
+                    destination,
+                });
+        }
+        // The region stays mapped until these complete: this thread owns it and waits here.
+        let calls: Vec<Pin<Box<dyn Future<Output = ShardOutcome> + Send>>> = per_shard
+            .into_iter()
+            .map(|(shard, items)| {
+                let indexes: Vec<usize> = items.iter().map(|item| item.index).collect();
+                let call = self
+                    .engine
+                    .on_shard(shard, move |cache| read_on_shard(cache, items));
+                Box::pin(async move { (indexes, call.await) })
+                    as Pin<Box<dyn Future<Output = ShardOutcome> + Send>>
+            })
+            .collect();
+        for (indexes, outcome) in block_on(JoinAll::new(calls)) {
+            match outcome {
+                Ok(done) => {
+                    for (index, result) in done {
+                        results[index] = Some(result);
+                    }
+                }
+                Err(error) => {
+                    let (status, message) = engine_failure(error);
+                    for index in indexes {
+                        results[index] = Some(failed(status, message.clone()));
+                    }
+                }
+            }
+        }
+        LocalReadAnswer {
+            items: results
+                .into_iter()
+                .map(|result| result.expect("every item has a result"))
+                .collect(),
+        }
+    }
+}
+
+/// The items a shard was given, and what it did with them.
+type ShardOutcome = (
+    Vec<usize>,
+    hydrant_engine::Result<Vec<(usize, LocalItemResult)>>,
+);
+
+struct ShardItem {
+    index: usize,
+    key: ObjectKey,
+    range: ByteRange,
+    destination: Destination,
+}
+
+fn failed(status: Status, message: String) -> LocalItemResult {
+    LocalItemResult {
+        status: status as u8,
+        object_bytes: 0,
+        range_start: 0,
+        written: 0,
+        message,
+    }
+}
+
+/// The items of one shard, at most `LOCAL_READS_IN_FLIGHT_MAX` at once.
+async fn read_on_shard(
+    cache: Rc<Cache>,
+    items: Vec<ShardItem>,
+) -> hydrant_engine::Result<Vec<(usize, LocalItemResult)>> {
+    let reading = Rc::new(Semaphore::new(LOCAL_READS_IN_FLIGHT_MAX));
+    let tasks: Vec<_> = items
+        .into_iter()
+        .map(|item| {
+            let cache = cache.clone();
+            let reading = reading.clone();
+            spawn(async move {
+                let _permit = reading.acquire_owned().await;
+                (item.index, read_item(&cache, &item).await)
+            })
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        done.push(task.await);
+    }
+    Ok(done)
+}
+
+/// Read one object and copy it into its destination: one CPU copy per byte, from the shard's
+/// pinned buffer (or the DRAM tier) into the shared mapping. Nothing is written when it does
+/// not fit.
+async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
+    let read = match cache.get_parts(&item.key, Some(item.range)).await {
+        Ok(Some(read)) => read,
+        Ok(None) => {
+            return failed(
+                Status::NotFound,
+                format!("{}/{} is not stored", item.key.bucket(), item.key.key()),
+            )
+        }
+        Err(error) => {
+            let (status, message) = engine_failure(error);
+            return failed(status, message);
+        }
+    };
+    let len = read.data.len() as u64;
+    if len > item.destination.length {
+        let mut result = failed(
+            Status::TooLarge,
+            format!(
+                "{len} bytes do not fit in the {} bytes given",
+                item.destination.length
+            ),
+        );
+        result.object_bytes = read.bytes;
+        result.range_start = read.start;
+        return result;
+    }
+    let mut written = 0usize;
+    for part in read.data.parts() {
+        // SAFETY: destination.address..+length lies inside a region's mapping (checked against
+        // its size by the connection thread), which stays mapped until this read's answer is
+        // received there; `written + part.len()` stays within `len` <= length. The memfd is
+        // sealed against shrinking, so the pages behind the mapping cannot go away.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                part.as_ptr(),
+                (item.destination.address + written) as *mut u8,
+                part.len(),
+            );
+        }
+        written += part.len();
+    }
+    metrics::count_copies(metrics::PATH_LOCAL, read.copied_bytes + len, len);
+    LocalItemResult {
+        status: Status::Ok as u8,
+        object_bytes: read.bytes,
+        range_start: read.start,
+        written: len,
+        message: String::new(),
+    }
+}
+
+/// Send `message` with `fd` attached (SCM_RIGHTS) to its first byte.
+fn send_with_fd(stream: &UnixStream, message: &[u8], fd: RawFd) -> io::Result<()> {
+    let mut control = [0u8; 64];
+    // SAFETY: CMSG_SPACE of one int is well below 64 bytes.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    assert!(space <= control.len());
+    let mut iov = libc::iovec {
+        iov_base: message.as_ptr() as *mut libc::c_void,
+        iov_len: message.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one cmsghdr with room for one fd (checked above).
+    let sent = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&header);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        libc::sendmsg(stream.as_raw_fd(), &header, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    (&*stream).write_all(&message[sent as usize..])
+}
+
+/// Waits for every future and returns their outputs in order (so that the reads of several
+/// shards proceed together).
+struct JoinAll<T> {
+    futures: Vec<Option<Pin<Box<dyn Future<Output = T> + Send>>>>,
+    outputs: Vec<Option<T>>,
+}
+
+impl<T> JoinAll<T> {
+    fn new(futures: Vec<Pin<Box<dyn Future<Output = T> + Send>>>) -> JoinAll<T> {
+        let outputs = futures.iter().map(|_| None).collect();
+        JoinAll {
+            futures: futures.into_iter().map(Some).collect(),
+            outputs,
+        }
+    }
+}
+
+impl<T> Future for JoinAll<T> {
+    type Output = Vec<T>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Vec<T>> {
+        let this = self.get_mut();
+        let mut pending = false;
+        for (slot, output) in this.futures.iter_mut().zip(this.outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(context) {
+                    Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            return Poll::Pending;
+        }
+        Poll::Ready(
+            this.outputs
+                .iter_mut()
+                .map(|output| output.take().expect("ready"))
+                .collect(),
+        )
+    }
+}
+
+// The outputs are never pinned (only the boxed futures are, and a Box keeps them in place).
+impl<T> Unpin for JoinAll<T> {}
