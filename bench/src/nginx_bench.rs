@@ -71,7 +71,7 @@ fn start_nginx(dir: &Path, www: &Path, direct: bool, server_cpu: usize) -> Resul
         "sendfile on; aio off; tcp_nopush on;"
     };
     let config = format!(
-        "worker_processes 1;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\n\
+        "worker_processes 1;\nmaster_process off;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\n\
          events {{ worker_connections 1024; }}\n\
          http {{ access_log off; keepalive_requests 1000000;\n\
            server {{ listen 127.0.0.1:{NGINX_PORT}; root {www};\n\
