@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use hydrant_proto::message::{
     BatchGetRequest, FlushRequest, GetRequest, ListEntries, ListEntry, ListRequest, Message,
-    ObjectInfo, ObjectName, PrefetchRequest, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
-    PREFETCH_KEYS_MAX,
+    ObjectInfo, ObjectName, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{Limits, Opcode};
 
@@ -367,34 +366,17 @@ impl SharedClient {
             }
         }
         let (mut objects, mut bytes) = (0, 0);
-        for (index, keys) in groups.into_iter().enumerate() {
-            if nodes > 1 && keys.is_empty() {
-                continue;
-            }
-            let batches: Vec<Vec<String>> = if keys.is_empty() {
-                vec![Vec::new()]
-            } else {
-                keys.chunks(PREFETCH_KEYS_MAX)
-                    .map(<[String]>::to_vec)
-                    .collect()
-            };
-            for keys in batches {
-                let request = PrefetchRequest {
-                    bucket: bucket.to_string(),
-                    prefix: prefix.to_string(),
-                    keys,
-                };
-                let answer = self.long_call(
-                    index,
-                    &self.inner.policy,
-                    Opcode::Prefetch,
-                    &request.encode(),
-                    None,
-                )?;
-                let warmed = PrefetchResult::decode(&answer.extension)?;
-                objects += warmed.objects;
-                bytes += warmed.bytes;
-            }
+        for (index, request) in crate::placement::prefetch_requests(bucket, prefix, groups) {
+            let answer = self.long_call(
+                index,
+                &self.inner.policy,
+                Opcode::Prefetch,
+                &request.encode(),
+                None,
+            )?;
+            let warmed = PrefetchResult::decode(&answer.extension)?;
+            objects += warmed.objects;
+            bytes += warmed.bytes;
         }
         Ok((objects, bytes))
     }

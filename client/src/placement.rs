@@ -26,8 +26,51 @@ pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
         .expect("at least one node")
 }
 
+/// The PREFETCH requests for `bucket/prefix`, each with the node (index) it goes to. With one
+/// node, a single request naming only the prefix: the node lists it itself. With several,
+/// `owned[node]` holds the listed keys that node owns, sent at most `PREFETCH_KEYS_MAX` at a
+/// time; nodes that own none get nothing.
+pub(crate) fn prefetch_requests(
+    bucket: &str,
+    prefix: &str,
+    owned: Vec<Vec<String>>,
+) -> Vec<(usize, hydrant_proto::message::PrefetchRequest)> {
+    use hydrant_proto::message::{PrefetchRequest, PREFETCH_KEYS_MAX};
+    let request = |keys: Vec<String>| PrefetchRequest {
+        bucket: bucket.to_string(),
+        prefix: prefix.to_string(),
+        keys,
+    };
+    if owned.len() == 1 {
+        return vec![(0, request(Vec::new()))];
+    }
+    owned
+        .into_iter()
+        .enumerate()
+        .flat_map(|(node, keys)| {
+            keys.chunks(PREFETCH_KEYS_MAX)
+                .map(|batch| (node, request(batch.to_vec())))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prefetch_requests_name_the_prefix_for_one_node_and_split_keys_for_several() {
+        let one = super::prefetch_requests("b", "p/", vec![Vec::new()]);
+        assert_eq!(one.len(), 1);
+        assert!(one[0].1.keys.is_empty() && one[0].1.prefix == "p/");
+        let many: Vec<String> = (0..10_001).map(|index| format!("p/{index}")).collect();
+        let split = super::prefetch_requests("b", "p/", vec![Vec::new(), many, vec!["p/x".into()]]);
+        let shape: Vec<(usize, usize)> = split
+            .iter()
+            .map(|(node, request)| (*node, request.keys.len()))
+            .collect();
+        assert_eq!(shape, [(1, 10_000), (1, 1), (2, 1)]);
+    }
+
     use super::*;
 
     #[test]

@@ -788,3 +788,42 @@ fn backpressure_keeps_dirty_bytes_within_the_budget() {
     }
     eprintln!("{busy} PUTs were answered BUSY and retried; dirty bytes peaked at {highest}");
 }
+
+#[test]
+fn prefetch_warms_a_prefix_so_that_reads_do_not_reach_the_origin() {
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "prefetch");
+    let proxy = proxy(&s3);
+    let objects: Vec<Vec<u8>> = (0..6)
+        .map(|index| object_bytes(500 + index, 70_000))
+        .collect();
+    for (index, data) in objects.iter().enumerate() {
+        origin.put(&format!("train/{index}"), data);
+    }
+    origin.put("other/x", b"not under the prefix");
+    let server = ServerProcess::start(
+        &scratch("prefetch"),
+        &proxy,
+        &["--bucket", "data=s3://prefetch"],
+    );
+    let mut client = server.client();
+    let (warmed, bytes) = client.prefetch("data", "train/").unwrap();
+    assert_eq!((warmed, bytes), (6, 6 * 70_000));
+    std::thread::sleep(Duration::from_millis(300)); // admissions finish
+    let gets_after_prefetch = proxy.stats().method(Method::Get).requests;
+    for (index, data) in objects.iter().enumerate() {
+        assert_eq!(
+            &client
+                .get("data", &format!("train/{index}"), None)
+                .unwrap()
+                .1,
+            data
+        );
+    }
+    assert_eq!(
+        proxy.stats().method(Method::Get).requests,
+        gets_after_prefetch,
+        "reads after PREFETCH are served from NVMe"
+    );
+    assert_eq!(proxy.stats().gets_of("/prefetch/other/x"), 0);
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hydrant_proto::message::{
     BatchGetRequest, FlushRequest, ListEntries, ListEntry, ListRequest, Message, ObjectInfo,
-    PrefetchRequest, PrefetchResult, PutRequest, LIST_ENTRIES_MAX, PREFETCH_KEYS_MAX,
+    PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{FrameFlags, Opcode};
 
@@ -435,38 +435,21 @@ impl AsyncClient {
             }
         }
         let (mut objects, mut bytes) = (0, 0);
-        for (index, keys) in groups.into_iter().enumerate() {
-            if nodes > 1 && keys.is_empty() {
-                continue;
-            }
-            let batches: Vec<Vec<String>> = if keys.is_empty() {
-                vec![Vec::new()]
-            } else {
-                keys.chunks(PREFETCH_KEYS_MAX)
-                    .map(<[String]>::to_vec)
-                    .collect()
-            };
-            for keys in batches {
-                let request = PrefetchRequest {
-                    bucket: bucket.to_string(),
-                    prefix: prefix.to_string(),
-                    keys,
-                };
-                // A prefix's read-through may take long: its answer is awaited without end.
-                let answer = self
-                    .call(
-                        index,
-                        &self.inner.policy,
-                        Opcode::Prefetch,
-                        &request.encode(),
-                        &[],
-                        Some(None),
-                    )
-                    .await?;
-                let warmed = PrefetchResult::decode(&answer.extension)?;
-                objects += warmed.objects;
-                bytes += warmed.bytes;
-            }
+        for (index, request) in crate::placement::prefetch_requests(bucket, prefix, groups) {
+            // A prefix's read-through may take long: its answer is awaited without end.
+            let answer = self
+                .call(
+                    index,
+                    &self.inner.policy,
+                    Opcode::Prefetch,
+                    &request.encode(),
+                    &[],
+                    Some(None),
+                )
+                .await?;
+            let warmed = PrefetchResult::decode(&answer.extension)?;
+            objects += warmed.objects;
+            bytes += warmed.bytes;
         }
         Ok((objects, bytes))
     }
