@@ -45,6 +45,33 @@ fn cpu_seconds(who: i32) -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
+/// The server's counters of CPU-copied and delivered object bytes on `path` ("local", "tcp").
+fn copy_counters(client: &mut Client, path: &str) -> Result<(u64, u64), String> {
+    let stats = client.stats().map_err(|error| error.to_string())?;
+    let value = |name: &str| -> u64 {
+        let series = format!("{name}{{path=\"{path}\"}} ");
+        stats
+            .iter()
+            .flat_map(|(_, text)| text.lines())
+            .filter_map(|line| line.strip_prefix(series.as_str()))
+            .filter_map(|number| number.trim().parse::<u64>().ok())
+            .sum()
+    };
+    Ok((
+        value("hydrant_copied_bytes_total"),
+        value("hydrant_delivered_bytes_total"),
+    ))
+}
+
+/// CPU copies per byte delivered between two readings of `copy_counters`.
+fn copies_per_byte(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let delivered = after.1 - before.1;
+    if delivered == 0 {
+        return 0.0;
+    }
+    (after.0 - before.0) as f64 / delivered as f64
+}
+
 struct Figure {
     gib_per_second: f64,
     cpu_seconds_per_gib: f64,
@@ -116,10 +143,10 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
     let object_bytes = args.object_bytes;
 
     println!(
-        "| round | same-host GiB/s | CPU s/GiB | TCP loopback GiB/s | CPU s/GiB | fio GiB/s | fio CPU s/GiB |  ({} objects of {} bytes, {} streams, DRAM tier {} bytes)",
+        "| round | same-host GiB/s | CPU s/GiB | copies/byte | TCP loopback GiB/s | CPU s/GiB | copies/byte | fio GiB/s | fio CPU s/GiB |  ({} objects of {} bytes, {} streams, DRAM tier {} bytes)",
         objects, object_bytes, args.streams, args.dram_bytes
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for round in 1..=args.rounds {
         // Same-host: one connection and region per stream.
         let locals: Vec<_> = (0..args.streams)
@@ -129,6 +156,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
                 Ok(std::sync::Mutex::new((client, region)))
             })
             .collect::<Result<_, String>>()?;
+        let local_before = copy_counters(&mut loader, "local")?;
         let local = measure(args.streams, args.seconds, |index| {
             let mut guard = locals[index % locals.len()].lock().unwrap();
             let (client, region) = &mut *guard;
@@ -138,6 +166,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
             info.written
         });
         drop(locals);
+        let local_copies = copies_per_byte(local_before, copy_counters(&mut loader, "local")?);
         // TCP on loopback, into a buffer of the caller's (get_into).
         let tcps: Vec<_> = (0..args.streams)
             .map(|_| {
@@ -145,6 +174,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
                 Ok(std::sync::Mutex::new((client, vec![0u8; object_bytes])))
             })
             .collect::<Result<_, String>>()?;
+        let tcp_before = copy_counters(&mut loader, "tcp")?;
         let tcp = measure(args.streams, args.seconds, |index| {
             let mut guard = tcps[index % tcps.len()].lock().unwrap();
             let (client, buffer) = &mut *guard;
@@ -154,6 +184,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
             len as u64
         });
         drop(tcps);
+        let tcp_copies = copies_per_byte(tcp_before, copy_counters(&mut loader, "tcp")?);
         // fio: the same file, random 1 MiB direct reads at the same depth.
         let children_before = cpu_seconds(libc::RUSAGE_CHILDREN);
         let fio = crate::fio::run(
@@ -169,7 +200,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
         let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
         let fio_cpu_per_gib = fio_cpu / (fio_gib * args.seconds as f64);
         println!(
-            "| {round} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} | {:.3} |",
+            "| {round} | {:.2} | {:.3} | {local_copies:.2} | {:.2} | {:.3} | {tcp_copies:.2} | {:.2} | {:.3} |",
             local.gib_per_second,
             local.cpu_seconds_per_gib,
             tcp.gib_per_second,

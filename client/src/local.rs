@@ -109,6 +109,12 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.address, self.bytes as usize) }
     }
 
+    /// The region to write into (a consumer's own scratch use between reads).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice; `&mut self` excludes a read into it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.address, self.bytes as usize) }
+    }
+
     /// The start of the mapping, for handing to a device API (cudaMemcpy and the like).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.address

@@ -18,12 +18,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::buf::ExternalBuf;
 use crate::origin::read::{version_tag, Reads, DISCOVER};
 use crate::origin::remote::{self, Condition, Fetch};
 use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
 use crate::rt::sync::WaitQueue;
-use crate::store::{resolve_range, ByteRange, ObjectKey, ObjectMeta, ObjectRead, Store};
+use crate::store::{
+    resolve_range, ByteRange, DirectGet, DirectRead, ObjectKey, ObjectMeta, ObjectRead, Store,
+};
 use crate::tier::admission::{AdmissionStats, NvmeAdmission};
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
@@ -105,6 +108,30 @@ impl ReadData {
             ReadData::Store(read) => ReadData::Store(read),
         }
     }
+}
+
+/// What `Cache::get_into` put in its target.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    /// Size of the whole object.
+    pub bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
+    /// Offset in the object of the first byte placed.
+    pub start: u64,
+    /// Bytes of the range (placed at the target's start when `written`).
+    pub len: u64,
+    /// False when the range did not fit in the target; nothing was written then.
+    pub written: bool,
+    pub from_origin: bool,
+    /// Bytes the CPU copied to place them: 0 when the device's DMA put them there.
+    pub copied_bytes: u64,
+}
+
+/// A read's bytes: where a read left them, or already placed in a target.
+enum Got {
+    Parts(PartsRead),
+    Placed(DirectRead),
 }
 
 /// An answer to `get_parts`: like `CacheRead`, with the bytes where the read left them.
@@ -311,8 +338,69 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Option<PartsRead>> {
+        Ok(self.get_to(key, range, None).await?.map(|got| match got {
+            Got::Parts(read) => read,
+            Got::Placed(_) => unreachable!("nothing is placed without a target"),
+        }))
+    }
+
+    /// Like `get`, into `target` (a same-host client's region): data on NVMe lands there by
+    /// the device's DMA with no CPU copy when `Store::get_into` can do it (and is then not
+    /// admitted to the DRAM tier: the region is the reader's copy); a DRAM hit, origin data
+    /// and reads that are not suitable are copied in once. Nothing is written when the range
+    /// does not fit (`Placed::written` is false).
+    pub async fn get_into(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        target: &ExternalBuf,
+    ) -> Result<Option<Placed>> {
+        let Some(got) = self.get_to(key, range, Some(target)).await? else {
+            return Ok(None);
+        };
+        Ok(Some(match got {
+            Got::Placed(read) => Placed {
+                bytes: read.bytes,
+                seq: read.seq,
+                dirty: read.dirty,
+                start: read.start,
+                len: read.len,
+                written: true,
+                from_origin: false,
+                copied_bytes: 0,
+            },
+            Got::Parts(read) => {
+                let len = read.data.len();
+                let written = len <= target.len();
+                if written {
+                    let mut offset = 0;
+                    for part in read.data.parts() {
+                        target.write_at(offset, part);
+                        offset += part.len();
+                    }
+                }
+                Placed {
+                    bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                    start: read.start,
+                    len: len as u64,
+                    written,
+                    from_origin: read.from_origin,
+                    copied_bytes: read.copied_bytes + if written { len as u64 } else { 0 },
+                }
+            }
+        }))
+    }
+
+    async fn get_to(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        target: Option<&ExternalBuf>,
+    ) -> Result<Option<Got>> {
         let Some((origin, route)) = self.route(key)? else {
-            return self.get_stored(key, range).await;
+            return self.get_stored(key, range, target).await;
         };
         for _ in 0..READ_ATTEMPTS_MAX {
             if let Some(meta) = self.store.head(key) {
@@ -325,19 +413,21 @@ impl Cache {
                         .await?
                     {
                         Revalidated::Current => true,
-                        Revalidated::Replaced(read) => return Ok(Some(PartsRead::owned(read))),
+                        Revalidated::Replaced(read) => {
+                            return Ok(Some(Got::Parts(PartsRead::owned(read))))
+                        }
                         Revalidated::Gone => return Ok(None),
                         Revalidated::ReadThrough => false,
                     };
                 if current {
-                    if let Some(read) = self.get_stored(key, range).await? {
+                    if let Some(read) = self.get_stored(key, range, target).await? {
                         return Ok(Some(read));
                     }
                     continue; // deleted or evicted meanwhile
                 }
             }
             match self.read_through(origin, &route, key, range).await? {
-                Through::Read(read) => return Ok(Some(PartsRead::owned(read))),
+                Through::Read(read) => return Ok(Some(Got::Parts(PartsRead::owned(read)))),
                 Through::NotFound => return Ok(None),
                 Through::Changed => origin.reads.forget(key),
             }
@@ -352,16 +442,19 @@ impl Cache {
         ))
     }
 
-    /// The object from the DRAM tier, or from NVMe (filling the DRAM tier as its policy asks).
+    /// The object from the DRAM tier, or from NVMe (filling the DRAM tier as its policy asks;
+    /// a read into a target is served by a DRAM hit but fills nothing).
     async fn get_stored(
         &self,
         key: &ObjectKey,
         range: Option<ByteRange>,
-    ) -> Result<Option<PartsRead>> {
+        target: Option<&ExternalBuf>,
+    ) -> Result<Option<Got>> {
         if let (Some(dram), Some(meta)) = (&self.dram, self.store.head(key)) {
-            let whole = range.is_none_or(|range| {
-                range.start == 0 && range.end.is_none_or(|end| end >= meta.bytes)
-            });
+            let whole = target.is_none()
+                && range.is_none_or(|range| {
+                    range.start == 0 && range.end.is_none_or(|end| end >= meta.bytes)
+                });
             let answer = |data: ReadData, bytes: u64, seq: u64, copied_bytes: u64| {
                 let (start, end) = resolve_range(range, bytes)?;
                 Ok::<_, Error>(PartsRead {
@@ -379,7 +472,8 @@ impl Cache {
                     self.store.touch(key);
                     let bytes = data.len() as u64;
                     let full = 0..data.len();
-                    return answer(ReadData::Memory(data, full), bytes, meta.seq, 0).map(Some);
+                    return answer(ReadData::Memory(data, full), bytes, meta.seq, 0)
+                        .map(|read| Some(Got::Parts(read)));
                 }
                 Lookup::Fill => {
                     let Some(read) = self.store.get(key, None).await? else {
@@ -389,19 +483,29 @@ impl Cache {
                     let data = read.to_vec();
                     dram.fill(key, read.seq, &data);
                     let bytes = data.len() as u64;
-                    return answer(ReadData::Owned(data), bytes, read.seq, 2 * bytes).map(Some);
+                    return answer(ReadData::Owned(data), bytes, read.seq, 2 * bytes)
+                        .map(|read| Some(Got::Parts(read)));
                 }
                 Lookup::Pass => {}
             }
         }
-        Ok(self.store.get(key, range).await?.map(|read| PartsRead {
-            bytes: read.bytes,
-            seq: read.seq,
-            dirty: read.dirty,
-            start: read.start,
-            from_origin: false,
-            copied_bytes: 0,
-            data: ReadData::Store(read),
+        if let Some(target) = target {
+            match self.store.get_into(key, range, target).await? {
+                DirectGet::Placed(read) => return Ok(Some(Got::Placed(read))),
+                DirectGet::Absent => return Ok(None),
+                DirectGet::Unsuitable => {}
+            }
+        }
+        Ok(self.store.get(key, range).await?.map(|read| {
+            Got::Parts(PartsRead {
+                bytes: read.bytes,
+                seq: read.seq,
+                dirty: read.dirty,
+                start: read.start,
+                from_origin: false,
+                copied_bytes: 0,
+                data: ReadData::Store(read),
+            })
         }))
     }
 

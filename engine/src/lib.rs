@@ -20,7 +20,7 @@ mod shard;
 pub mod store;
 pub mod tier;
 
-pub use cache::{Cache, CacheRead, PartsRead, ReadData};
+pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData};
 pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
     LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,

@@ -355,3 +355,89 @@ fn clean_markers_survive_reopening_and_reclaim() {
         }
     }
 }
+
+/// Page-aligned memory outside the engine, as a same-host client's region is.
+struct Aligned {
+    pointer: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain memory, written only through ExternalBuf while a read runs.
+unsafe impl Send for Aligned {}
+unsafe impl Sync for Aligned {}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `external`.
+        unsafe { std::alloc::dealloc(self.pointer, self.layout) }
+    }
+}
+
+fn external(bytes: usize) -> hydrant_engine::buf::ExternalBuf {
+    let layout = std::alloc::Layout::from_size_align(bytes, 4096).unwrap();
+    // SAFETY: a non-zero size.
+    let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!pointer.is_null());
+    let owner = std::sync::Arc::new(Aligned { pointer, layout });
+    // SAFETY: `bytes` bytes at `pointer`, alive as long as the owner, no reference into them.
+    unsafe { hydrant_engine::buf::ExternalBuf::new(owner, pointer as usize, bytes) }
+}
+
+/// Read `key` into `target` on its shard: what was placed, or the error.
+fn get_into(
+    engine: &Engine,
+    key: &str,
+    target: &hydrant_engine::buf::ExternalBuf,
+) -> hydrant_engine::Result<Option<hydrant_engine::Placed>> {
+    let object = hydrant_engine::store::ObjectKey::new("data", key).unwrap();
+    let shard = engine.shard_of(&object);
+    let target = target.clone();
+    block_on(engine.on_shard(shard, move |cache| async move {
+        cache.get_into(&object, None, &target).await
+    }))
+}
+
+fn external_bytes(target: &hydrant_engine::buf::ExternalBuf, len: usize) -> Vec<u8> {
+    // SAFETY: no read into `target` is running.
+    unsafe { std::slice::from_raw_parts(target.address() as *const u8, len).to_vec() }
+}
+
+#[test]
+fn direct_reads_into_outside_memory_are_checked_where_they_land() {
+    let dir = TempDir::new("direct-corruption");
+    let path = dir.file("data.hyd");
+    let sizes = [1usize, 4096, 70_000, 1_500_000, 2_300_000];
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    let target = external(4 * MIB as usize);
+    for (index, &size) in sizes.iter().enumerate() {
+        let key = format!("object-{index}");
+        let data = pattern(index as u64 + 40, size);
+        block_on(engine.put("data", &key, data.clone())).unwrap();
+        let placed = get_into(&engine, &key, &target).unwrap().unwrap();
+        assert!(placed.written);
+        assert_eq!(placed.copied_bytes, 0, "{size} bytes landed by DMA");
+        assert_eq!(placed.len, size as u64);
+        assert!(
+            external_bytes(&target, size) == data,
+            "{key} reads back exact"
+        );
+    }
+    engine.close();
+
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    for (position, &(offset, data_bytes)) in entries(&path).iter().enumerate() {
+        let target = offset + 4096 + (position as u64 * 7919) % data_bytes as u64;
+        file.write_all_at(&[0xA5, 0x5A], target).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+
+    let engine = Engine::open(config(&path, 64 * MIB, 1, 4)).unwrap();
+    for index in 0..sizes.len() {
+        let key = format!("object-{index}");
+        let error = get_into(&engine, &key, &target).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ChecksumMismatch, "{key}: {error}");
+        // The buffered read that confirmed the damage dropped the clean copy.
+        assert!(get_into(&engine, &key, &target).unwrap().is_none());
+    }
+}

@@ -1,9 +1,10 @@
 //! The same-host path (`--local-socket PATH`): a Unix domain socket for clients on this machine.
 //!
 //! A client asks for a region (ALLOCATE); the server creates a sealed memfd, maps it, and passes
-//! the fd with SCM_RIGHTS. A READ names places in that region; the owning shard copies the
-//! object's bytes from its pinned buffers (or the DRAM tier) straight into the mapping, and only
-//! a small completion crosses the socket. Messages are in `hydrant_proto::local` and
+//! the fd with SCM_RIGHTS. A READ names places in that region; the owning shard reads the
+//! object from NVMe straight into the mapping (the device's DMA; no CPU copy) when the place is
+//! aligned, or copies it once (from its pinned buffers, the DRAM tier or the origin's answer),
+//! and only a small completion crosses the socket. Messages are in `hydrant_proto::local` and
 //! docs/protocol.md.
 //!
 //! Each connection is served by a thread of its own (at most `LOCAL_CONNECTIONS_MAX`), one
@@ -24,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use hydrant_engine::buf::ExternalBuf;
 use hydrant_engine::rt::sync::Semaphore;
 use hydrant_engine::rt::{block_on, spawn};
 use hydrant_engine::store::ObjectKey;
@@ -261,26 +263,25 @@ impl Region {
     }
 }
 
+// SAFETY: the mapping is plain shared memory; the server writes it only through `ExternalBuf`
+// (device reads and copies into ranges of it) and never hands out references into it.
+unsafe impl Send for Region {}
+unsafe impl Sync for Region {}
+
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; no read writes into it any more (reads complete
-        // before the connection thread, which owns the region, goes on).
+        // SAFETY: unmapping our own mapping when the last holder lets go: the connection, and
+        // every read that may still write into it (an operation in flight on a ring holds its
+        // `ExternalBuf`, and so this region, until its completion arrives).
         unsafe { libc::munmap(self.address.cast(), self.bytes as usize) };
         LOCAL_REGIONS.fetch_sub(1, Ordering::SeqCst);
         LOCAL_REGION_BYTES.fetch_sub(self.bytes, Ordering::SeqCst);
     }
 }
 
-/// Where one item's bytes go: an address in a region's mapping and the bytes available there.
-#[derive(Clone, Copy)]
-struct Destination {
-    address: usize,
-    length: u64,
-}
-
 struct LocalConnection {
     engine: EngineHandle,
-    regions: HashMap<u32, Region>,
+    regions: HashMap<u32, Arc<Region>>,
     next_region: u32,
 }
 
@@ -388,7 +389,7 @@ impl LocalConnection {
             bytes,
         };
         let memfd = region.memfd.as_raw_fd();
-        self.regions.insert(info.region, region);
+        self.regions.insert(info.region, Arc::new(region));
         let message = local_message(
             LocalOpcode::Allocate,
             Status::Ok as u8,
@@ -448,10 +449,18 @@ impl LocalConnection {
                 start: item.range_start,
                 end: (item.range_end != LOCAL_RANGE_TO_END).then_some(item.range_end),
             };
-            let destination = Destination {
-                address: region.address as usize + item.offset as usize,
-                length: item.length,
+            // SAFETY: the region's mapping is `region.bytes` long and lives as long as the Arc
+            // (the owner); the server holds no reference into it.
+            let whole = unsafe {
+                ExternalBuf::new(
+                    region.clone() as Arc<dyn std::any::Any + Send + Sync>,
+                    region.address as usize,
+                    region.bytes as usize,
+                )
             };
+            let destination = whole
+                .slice(item.offset as usize, item.length as usize)
+                .expect("checked to fit above");
             per_shard
                 .entry(self.engine.shard_of(&key))
                 .or_default()
@@ -508,7 +517,7 @@ struct ShardItem {
     index: usize,
     key: ObjectKey,
     range: ByteRange,
-    destination: Destination,
+    destination: ExternalBuf,
 }
 
 fn failed(status: Status, message: String) -> LocalItemResult {
@@ -545,12 +554,15 @@ async fn read_on_shard(
     Ok(done)
 }
 
-/// Read one object and copy it into its destination: one CPU copy per byte, from the shard's
-/// pinned buffer (or the DRAM tier) into the shared mapping. Nothing is written when it does
-/// not fit.
+/// Read one object into its destination: straight from the device when it is on NVMe (no CPU
+/// copy), or copied once from the DRAM tier or the origin's answer. Nothing is written when it
+/// does not fit.
 async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
-    let read = match cache.get_parts(&item.key, Some(item.range)).await {
-        Ok(Some(read)) => read,
+    let placed = match cache
+        .get_into(&item.key, Some(item.range), &item.destination)
+        .await
+    {
+        Ok(Some(placed)) => placed,
         Ok(None) => {
             return failed(
                 Status::NotFound,
@@ -562,40 +574,25 @@ async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
             return failed(status, message);
         }
     };
-    let len = read.data.len() as u64;
-    if len > item.destination.length {
+    if !placed.written {
         let mut result = failed(
             Status::TooLarge,
             format!(
-                "{len} bytes do not fit in the {} bytes given",
-                item.destination.length
+                "{} bytes do not fit in the {} bytes given",
+                placed.len,
+                item.destination.len()
             ),
         );
-        result.object_bytes = read.bytes;
-        result.range_start = read.start;
+        result.object_bytes = placed.bytes;
+        result.range_start = placed.start;
         return result;
     }
-    let mut written = 0usize;
-    for part in read.data.parts() {
-        // SAFETY: destination.address..+length lies inside a region's mapping (checked against
-        // its size by the connection thread), which stays mapped until this read's answer is
-        // received there; `written + part.len()` stays within `len` <= length. The memfd is
-        // sealed against shrinking, so the pages behind the mapping cannot go away.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                part.as_ptr(),
-                (item.destination.address + written) as *mut u8,
-                part.len(),
-            );
-        }
-        written += part.len();
-    }
-    metrics::count_copies(metrics::PATH_LOCAL, read.copied_bytes + len, len);
+    metrics::count_copies(metrics::PATH_LOCAL, placed.copied_bytes, placed.len);
     LocalItemResult {
         status: Status::Ok as u8,
-        object_bytes: read.bytes,
-        range_start: read.start,
-        written: len,
+        object_bytes: placed.bytes,
+        range_start: placed.start,
+        written: placed.len,
         message: String::new(),
     }
 }

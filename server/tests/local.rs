@@ -106,6 +106,11 @@ fn reads_land_byte_exact_from_dram_and_nvme_alone_and_in_batches() {
     tcp.put("b", "small", &small).unwrap();
     tcp.put("b", "large", &large).unwrap();
 
+    // TCP reads fill the DRAM tier (same-host reads are served by it but fill nothing: the
+    // region is the reader's copy).
+    for _ in 0..3 {
+        assert_eq!(tcp.get("b", "small", None).unwrap().1, small);
+    }
     let mut client = LocalClient::connect(&server.socket).unwrap();
     let mut region = client.allocate(32 << 20).unwrap();
     assert_eq!(region.len(), 32 << 20);
@@ -120,7 +125,7 @@ fn reads_land_byte_exact_from_dram_and_nvme_alone_and_in_batches() {
     }
     assert!(
         server.metric("hydrant_dram_hits_total") > hits_before,
-        "the small object is served from the DRAM tier after its first reads"
+        "the small object is served from the DRAM tier"
     );
     let info = client
         .read_into(&mut region, 0, "b", "large", None)
@@ -346,22 +351,76 @@ fn a_client_killed_mid_read_leaves_the_server_serving() {
 }
 
 #[test]
-fn copies_per_byte_are_counted_for_both_paths() {
-    // No DRAM tier: every read comes from NVMe into the shard's pinned buffers.
+fn nvme_reads_land_with_no_cpu_copy_and_tcp_counts_its_copies() {
+    // No DRAM tier: every read comes from NVMe.
     let server = ServerProcess::start("copies", &["--dram-bytes", "0"]);
     let mut tcp = server.tcp();
-    let data = pattern(3, 9 << 20);
+    let data = pattern(3, 9 << 20); // three chunks, the last one partial
+    let small = pattern(4, 100 * 1024 + 7); // one chunk of two checksummed pieces
+    let tiny = pattern(5, 3000); // one piece, less than a block
     tcp.put("b", "k", &data).unwrap();
+    tcp.put("b", "small", &small).unwrap();
+    tcp.put("b", "tiny", &tiny).unwrap();
+    let copied = || server.metric("hydrant_copied_bytes_total{path=\"local\"}");
+    let delivered = || server.metric("hydrant_delivered_bytes_total{path=\"local\"}");
+
     let mut client = LocalClient::connect(&server.socket).unwrap();
     let mut region = client.allocate(16 << 20).unwrap();
+    // Aligned places: the device's DMA lands in the region, the CPU copies nothing.
     for _ in 0..3 {
-        client.read_into(&mut region, 0, "b", "k", None).unwrap();
+        region.as_mut_slice().fill(0xEE);
+        let info = client.read_into(&mut region, 0, "b", "k", None).unwrap();
+        assert_eq!(info.written, data.len() as u64);
+        assert_eq!(&region.as_slice()[..data.len()], &data[..]);
     }
-    let local_copied = server.metric("hydrant_copied_bytes_total{path=\"local\"}");
-    let local_delivered = server.metric("hydrant_delivered_bytes_total{path=\"local\"}");
-    assert_eq!(local_delivered, 3 * data.len() as u64);
-    // One copy per byte: pinned arena buffer -> shared mapping.
-    assert_eq!(local_copied, local_delivered);
+    for (key, value) in [("small", &small), ("tiny", &tiny)] {
+        let info = client
+            .read_into(&mut region, 8 << 20, "b", key, None)
+            .unwrap();
+        assert_eq!(info.written, value.len() as u64);
+        assert_eq!(
+            &region.as_slice()[8 << 20..(8 << 20) + value.len()],
+            &value[..]
+        );
+    }
+    // A range from a checksummed piece (64 KiB) across a chunk boundary, ending mid-piece.
+    let (start, end) = (4 * 1024 * 1024 - 128 * 1024, 4 * 1024 * 1024 + 70_001);
+    let info = client
+        .read_into(&mut region, 4096, "b", "k", Some((start, Some(end))))
+        .unwrap();
+    assert_eq!((info.range_start, info.written), (start, end - start));
+    assert_eq!(
+        &region.as_slice()[4096..4096 + (end - start) as usize],
+        &data[start as usize..end as usize]
+    );
+    let zero_copy_bytes = 3 * data.len() + small.len() + tiny.len() + (end - start) as usize;
+    assert_eq!(delivered(), zero_copy_bytes as u64);
+    assert_eq!(
+        copied(),
+        0,
+        "NVMe-resident data reaches the region with no CPU copy"
+    );
+
+    // Places the device cannot land in (an odd offset, a range inside a piece, no room for
+    // the read rounded up to a block) are served with one copy per byte, still byte-exact.
+    let info = client.read_into(&mut region, 1, "b", "k", None).unwrap();
+    assert_eq!(&region.as_slice()[1..1 + data.len()], &data[..]);
+    let info_range = client
+        .read_into(&mut region, 0, "b", "k", Some((10, Some(5000))))
+        .unwrap();
+    assert_eq!(&region.as_slice()[..4990], &data[10..5000]);
+    let tight_offset = (16 << 20) - small.len() as u64;
+    let info_tight = client
+        .read_into(&mut region, tight_offset, "b", "small", None)
+        .unwrap();
+    assert_eq!(&region.as_slice()[tight_offset as usize..], &small[..]);
+    let fallback = info.written + info_range.written + info_tight.written;
+    assert_eq!(delivered(), zero_copy_bytes as u64 + fallback);
+    assert_eq!(
+        copied(),
+        fallback,
+        "one CPU copy per byte where the device cannot land"
+    );
 
     let (_, got) = tcp.get("b", "k", None).unwrap();
     assert_eq!(got, data);

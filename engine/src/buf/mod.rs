@@ -8,8 +8,10 @@
 
 mod arena;
 mod buddy;
+mod external;
 
 pub use arena::{Arena, ArenaInfo, IoBuf};
+pub use external::ExternalBuf;
 
 /// Every buffer is aligned to, and sized in multiples of, this many bytes: the largest direct
 /// I/O alignment we accept from a device, and the unit of the on-disk format.

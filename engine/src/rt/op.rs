@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 use io_uring::{opcode, squeue, types};
 
 use super::executor::with_reactor;
-pub(crate) use super::reactor::Keep;
-use crate::buf::IoBuf;
+pub(crate) use super::reactor::{Keep, Vectored};
+use crate::buf::{ExternalBuf, IoBuf};
 
 /// A file as the ring sees it: an index into the ring's registered files, or a plain fd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +142,66 @@ pub async fn read_at(
     match result {
         Ok(read) => {
             buf.set_len(read as usize);
+            (Ok(read as usize), buf)
+        }
+        Err(error) => (Err(error), buf),
+    }
+}
+
+/// Read `buf.len()` bytes at `offset` straight into memory outside the arena (not a fixed
+/// buffer: the kernel pins its pages for this one read). The buffer is held by the ring until
+/// the completion arrives, so its owner outlives the kernel's access even if this is dropped.
+pub async fn read_at_external(file: FileRef, buf: ExternalBuf, offset: u64) -> io::Result<usize> {
+    let pointer = buf.as_mut_ptr();
+    let length = u32::try_from(buf.len()).expect("one read is under 4 GiB");
+    let entry = match file {
+        FileRef::Fixed(fixed) => opcode::Read::new(types::Fixed(fixed), pointer, length),
+        FileRef::Raw(fd) => opcode::Read::new(types::Fd(fd), pointer, length),
+    }
+    .offset(offset)
+    .build();
+    let (result, _) = Op::new(entry, Keep::External(buf)).await;
+    result.map(|read| read as usize)
+}
+
+/// Read at `offset` into the whole of `buf` and then the whole of `external`, in one operation
+/// (READV; the header of an entry and its data in one device read). Returns the bytes read in
+/// all and `buf`, whose length is what of it was filled.
+pub async fn read_vectored_at(
+    file: FileRef,
+    mut buf: IoBuf,
+    external: ExternalBuf,
+    offset: u64,
+) -> (io::Result<usize>, IoBuf) {
+    let first = buf.capacity();
+    let iovecs = [
+        libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: first,
+        },
+        libc::iovec {
+            iov_base: external.as_mut_ptr().cast(),
+            iov_len: external.len(),
+        },
+    ];
+    // The iovecs live in the box, which the ring holds (with both buffers) until completion.
+    let vectored = Box::new(Vectored {
+        iovecs,
+        buf,
+        _external: external,
+    });
+    let pointer = vectored.iovecs.as_ptr();
+    let entry = match file {
+        FileRef::Fixed(fixed) => opcode::Readv::new(types::Fixed(fixed), pointer, 2),
+        FileRef::Raw(fd) => opcode::Readv::new(types::Fd(fd), pointer, 2),
+    }
+    .offset(offset)
+    .build();
+    let (result, keep) = Op::new(entry, Keep::Vectored(vectored)).await;
+    let mut buf = into_buf(keep);
+    match result {
+        Ok(read) => {
+            buf.set_len((read as usize).min(first));
             (Ok(read as usize), buf)
         }
         Err(error) => (Err(error), buf),

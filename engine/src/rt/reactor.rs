@@ -47,13 +47,27 @@ pub struct ReactorInfo {
 pub enum Keep {
     Nothing,
     Buf(IoBuf),
+    /// Memory outside the arena; holding it keeps its owner (and so the mapping) alive.
+    External(crate::buf::ExternalBuf),
+    /// A vectored read: the iovecs and every buffer they point into.
+    Vectored(Box<Vectored>),
+}
+
+/// What a vectored read into an arena buffer and outside memory holds until its completion.
+pub struct Vectored {
+    pub(crate) iovecs: [libc::iovec; 2],
+    pub(crate) buf: IoBuf,
+    pub(crate) _external: crate::buf::ExternalBuf,
 }
 
 impl Keep {
     pub(crate) fn into_buf(self) -> IoBuf {
         match self {
             Keep::Buf(buf) => buf,
-            Keep::Nothing => unreachable!("a buffer operation came back without its buffer"),
+            Keep::Vectored(vectored) => vectored.buf,
+            Keep::Nothing | Keep::External(_) => {
+                unreachable!("a buffer operation came back without its buffer")
+            }
         }
     }
 }

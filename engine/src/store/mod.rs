@@ -17,9 +17,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 
-use crate::buf::{align_up, Arena, ArenaInfo, IoBuf};
+use crate::buf::{align_up, Arena, ArenaInfo, ExternalBuf, IoBuf};
 use crate::format::{data_checksums, EntryHeader, EntryKind, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
-use crate::rt::op::{read_at, sync_data, write_at, FileRef};
+use crate::rt::op::{read_at, read_at_external, read_vectored_at, sync_data, write_at, FileRef};
 use crate::rt::sync::{Section, WaitQueue};
 use crate::{Error, ErrorKind, Result};
 
@@ -200,6 +200,36 @@ enum VersionRead {
     Read(ObjectRead),
     Absent,
     Replaced,
+}
+
+enum DirectVersion {
+    Placed(DirectRead),
+    Absent,
+    Replaced,
+    Unsuitable,
+}
+
+/// What `Store::get_into` did.
+pub enum DirectGet {
+    /// The bytes are in the target, checked.
+    Placed(DirectRead),
+    /// Not stored.
+    Absent,
+    /// Not readable straight into this target; read it through `get`.
+    Unsuitable,
+}
+
+/// An object read straight into a caller's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectRead {
+    /// Size of the whole object.
+    pub bytes: u64,
+    pub seq: u64,
+    pub dirty: bool,
+    /// Offset in the object of the first byte placed.
+    pub start: u64,
+    /// Bytes of the range placed at the target's start.
+    pub len: u64,
 }
 
 /// How many times an operation rewrites entries that reclaim took from under it before it
@@ -446,6 +476,204 @@ impl Store {
         }
         self.count(|counters| counters.misses += 1);
         Ok(None)
+    }
+
+    /// Read an object (whole, or `range`) from the device straight into `target`, with no CPU
+    /// copy: the device's DMA lands in the caller's memory and the checksums are computed
+    /// there. `Unsuitable` when it cannot be done that way (the caller reads through `get`):
+    /// the target is not 4 KiB-aligned, the range does not start at a multiple of the checksum
+    /// piece, the target has no room for the read rounded up to whole checksummed pieces and
+    /// 4 KiB, or the bytes did not match their checksum where they landed (the buffered read
+    /// checks again, and only it drops a damaged copy: the target's owner can write there).
+    /// Bytes of `target` past the range, up to that rounded end, may be overwritten with the
+    /// object's following bytes or the format's zero padding.
+    pub async fn get_into(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        target: &ExternalBuf,
+    ) -> Result<DirectGet> {
+        for _ in 0..GET_ATTEMPTS_MAX {
+            match self.read_version_into(key, range, target).await? {
+                DirectVersion::Placed(placed) => {
+                    self.count(|counters| {
+                        counters.gets += 1;
+                        counters.hits += 1;
+                        counters.bytes_read += placed.len;
+                    });
+                    return Ok(DirectGet::Placed(placed));
+                }
+                DirectVersion::Absent => break,
+                DirectVersion::Replaced => continue,
+                DirectVersion::Unsuitable => return Ok(DirectGet::Unsuitable),
+            }
+        }
+        self.count(|counters| {
+            counters.gets += 1;
+            counters.misses += 1;
+        });
+        Ok(DirectGet::Absent)
+    }
+
+    async fn read_version_into(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        target: &ExternalBuf,
+    ) -> Result<DirectVersion> {
+        let Some(record) = self.index.borrow().get(key).cloned() else {
+            return Ok(DirectVersion::Absent);
+        };
+        let (start, end) = resolve_range(range, record.bytes)?;
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        let piece_bytes = self.geometry.crc_block_bytes as u64;
+        if !target.is_aligned() || !start.is_multiple_of(piece_bytes) {
+            return Ok(DirectVersion::Unsuitable);
+        }
+        let placed = DirectRead {
+            bytes: record.bytes,
+            seq: record.seq,
+            dirty: record.dirty(),
+            start,
+            len: end - start,
+        };
+        if start == end {
+            return Ok(DirectVersion::Placed(placed));
+        }
+        // Where the last chunk's read ends, in the target: whole pieces, whole blocks.
+        let last = (end - 1) / chunk_bytes;
+        let last_start = last * chunk_bytes;
+        let last_data = chunk_bytes.min(record.bytes - last_start);
+        let last_read_end = if last_data <= piece_bytes {
+            last_data
+        } else {
+            last_data.min((end - last_start).div_ceil(piece_bytes) * piece_bytes)
+        };
+        let footprint = last_start + align_up(last_read_end as usize) as u64 - start;
+        if footprint > target.len() as u64 {
+            return Ok(DirectVersion::Unsuitable);
+        }
+        self.touch(key);
+        for chunk in start / chunk_bytes..=last {
+            let chunk_start = chunk * chunk_bytes;
+            let data_bytes = chunk_bytes.min(record.bytes - chunk_start);
+            let want = (start.max(chunk_start) - chunk_start) as u32
+                ..(end.min(chunk_start + data_bytes) - chunk_start) as u32;
+            let location = self
+                .index
+                .borrow()
+                .get(key)
+                .filter(|current| current.seq == record.seq)
+                .map(|current| current.chunks.get(chunk as usize));
+            let Some(location) = location else {
+                return Ok(DirectVersion::Replaced);
+            };
+            let offset = (chunk_start + want.start as u64 - start) as usize;
+            let landed = self
+                .read_chunk_into(
+                    key,
+                    &record,
+                    location,
+                    chunk as usize,
+                    data_bytes as u32,
+                    want,
+                    target,
+                    offset,
+                )
+                .await?;
+            if !landed {
+                return Ok(DirectVersion::Unsuitable);
+            }
+        }
+        Ok(DirectVersion::Placed(placed))
+    }
+
+    /// Read the checksummed pieces of one chunk that `want` touches into `target` at `offset`
+    /// and check them there; `false` when the data does not match (see `get_into`).
+    #[allow(clippy::too_many_arguments)]
+    async fn read_chunk_into(
+        &self,
+        key: &ObjectKey,
+        record: &ObjectRecord,
+        location: Location,
+        chunk: usize,
+        data_bytes: u32,
+        want: Range<u32>,
+        target: &ExternalBuf,
+        offset: usize,
+    ) -> Result<bool> {
+        let region = location.region as usize;
+        let entry_offset = self.device_offset(region, location.block as u64);
+        let file = self.file_of(region);
+        let _reader = RegionReader::new(self, region);
+        let piece_bytes = self.geometry.crc_block_bytes;
+        let (span_start, span_end) = if data_bytes <= piece_bytes {
+            (0, data_bytes)
+        } else {
+            let first_piece = want.start / piece_bytes;
+            let last_piece = (want.end - 1) / piece_bytes;
+            (
+                first_piece * piece_bytes,
+                data_bytes.min((last_piece + 1) * piece_bytes),
+            )
+        };
+        debug_assert_eq!(span_start, want.start, "the range starts at a piece");
+        let span_len = align_up((span_end - span_start) as usize);
+        let destination = target
+            .slice(offset, span_len)
+            .expect("the footprint was checked against the target");
+        let data_offset = entry_offset + (BLOCK_BYTES + span_start as usize) as u64;
+        if data_bytes <= piece_bytes {
+            let result = read_at_external(file, destination, data_offset).await;
+            self.check_read(result, span_len, region)?;
+            return Ok(target.crc32c(offset, data_bytes as usize) == location.first_crc);
+        }
+        let header_buf = if span_start == 0 {
+            // Header and data are contiguous: one read, the header into the arena.
+            let (result, header_buf) = read_vectored_at(
+                file,
+                self.arena.allocate(BLOCK_BYTES),
+                destination,
+                entry_offset,
+            )
+            .await;
+            self.check_read(result, BLOCK_BYTES + span_len, region)?;
+            header_buf
+        } else {
+            let header_read = crate::rt::spawn(read_at(
+                file,
+                self.arena.allocate(BLOCK_BYTES),
+                entry_offset,
+                BLOCK_BYTES,
+            ));
+            let result = read_at_external(file, destination, data_offset).await;
+            let (header_result, header_buf) = header_read.await;
+            self.check_read(header_result, BLOCK_BYTES, region)?;
+            self.check_read(result, span_len, region)?;
+            header_buf
+        };
+        let header = EntryHeader::decode(header_buf.as_slice(), piece_bytes)
+            .filter(|header| {
+                header.kind == EntryKind::Chunk
+                    && header.seq == record.seq
+                    && header.chunk_index as usize == chunk
+                    && header.data_bytes == data_bytes
+                    && header.bucket == key.bucket_bytes()
+                    && header.key == key.key_bytes()
+            })
+            .ok_or_else(|| self.checksum_failed(key, record, chunk, "entry header"))?;
+        let first_piece = (span_start / piece_bytes) as usize;
+        let mut piece_offset = 0usize;
+        let mut index = first_piece;
+        while piece_offset < (span_end - span_start) as usize {
+            let len = (piece_bytes as usize).min((span_end - span_start) as usize - piece_offset);
+            if target.crc32c(offset + piece_offset, len) != header.data_crcs[index] {
+                return Ok(false);
+            }
+            piece_offset += len;
+            index += 1;
+        }
+        Ok(true)
     }
 
     /// Read the indexed version of `key`, as long as it stays indexed.
