@@ -25,6 +25,7 @@ mod nginx_bench;
 mod origin_bench;
 mod plot;
 mod policy_bench;
+mod redis;
 mod serve;
 mod server_bench;
 mod trace;
@@ -104,21 +105,39 @@ fn workload(
     harness::publish(&report, common.json.as_ref())
 }
 
-/// The peer's run of the same workload, when one is asked for: its table, and its report.
-fn peer_workload(
-    json: Option<PathBuf>,
-    run: impl FnOnce() -> Result<Option<harness::schema::RunReport>, String>,
+/// A key-value workload against hydrant, then against each peer asked for (`--peer-memcached`,
+/// `--peer-redis`): each run's table and report, and the ratios of hydrant's figures to each
+/// peer's.
+fn key_value_workload(
+    args: &harness::key_value::KeyValueArgs,
+    run: impl FnOnce() -> Result<harness::schema::RunReport, String>,
+    on_peer: impl Fn(harness::key_value::Peer) -> Result<Option<harness::schema::RunReport>, String>,
 ) -> Result<(), String> {
-    if harness::interrupt::interrupted() {
-        return Ok(());
-    }
-    match run()? {
-        Some(report) => {
-            println!("\nthe peer, the same workload:");
-            harness::publish(&report, json.as_ref())
+    harness::interrupt::install();
+    let hydrant = run()?;
+    harness::publish(&hydrant, args.common.json.as_ref())?;
+    let mut ratios = Vec::new();
+    for peer in harness::key_value::Peer::ALL {
+        if harness::interrupt::interrupted() {
+            break;
         }
-        None => Ok(()),
+        if let Some(report) = on_peer(peer)? {
+            println!("\nthe same workload against {}:", peer.name());
+            harness::publish(&report, harness::key_value::peer_json(args, peer).as_ref())?;
+            ratios.push(harness::key_value::ratio_line(
+                &hydrant,
+                &report,
+                peer.name(),
+            ));
+        }
     }
+    if !ratios.is_empty() {
+        println!();
+        for line in ratios {
+            println!("{line}");
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -133,27 +152,21 @@ fn main() -> ExitCode {
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),
         Command::PolicyOps(args) => policy_bench::policy_ops(args),
-        Command::Get(args) => {
-            workload(&args.common, || harness::key_value::get(&args)).and_then(|()| {
-                peer_workload(harness::key_value::peer_json(&args), || {
-                    harness::key_value::get_on_peer(&args)
-                })
-            })
-        }
-        Command::Put(args) => {
-            workload(&args.common, || harness::key_value::put(&args)).and_then(|()| {
-                peer_workload(harness::key_value::peer_json(&args), || {
-                    harness::key_value::put_on_peer(&args)
-                })
-            })
-        }
-        Command::Mixed(args) => {
-            workload(&args.key_value.common, || harness::key_value::mixed(&args)).and_then(|()| {
-                peer_workload(harness::key_value::peer_json(&args.key_value), || {
-                    harness::key_value::mixed_on_peer(&args)
-                })
-            })
-        }
+        Command::Get(args) => key_value_workload(
+            &args,
+            || harness::key_value::get(&args),
+            |peer| harness::key_value::get_on_peer(&args, peer),
+        ),
+        Command::Put(args) => key_value_workload(
+            &args,
+            || harness::key_value::put(&args),
+            |peer| harness::key_value::put_on_peer(&args, peer),
+        ),
+        Command::Mixed(args) => key_value_workload(
+            &args.key_value,
+            || harness::key_value::mixed(&args),
+            |peer| harness::key_value::mixed_on_peer(&args, peer),
+        ),
         Command::Shards(args) if args.origin.origin_s3.is_some() => {
             harness::interrupt::install();
             harness::shards_origin::shards_against_origin(&args).map(|_| ())

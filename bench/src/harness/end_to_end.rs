@@ -10,7 +10,8 @@ use hydrant_server::{Server, ServerConfig};
 
 use super::checkpoint::{checkpoint, CheckpointArgs};
 use super::key_value::{
-    get, get_on_peer, mixed, peer_json, Distribution, KeyValueArgs, MixedArgs, PeerArgs,
+    get, get_on_peer, mixed, peer_json, ratio_line, Distribution, KeyValueArgs, MixedArgs, Peer,
+    PeerArgs,
 };
 use super::schema::RunReport;
 use super::shards::{shards, ShardsArgs};
@@ -282,14 +283,21 @@ fn the_peer_runs_the_same_gets_against_memcached() {
         peer: PeerArgs {
             peer_memcached: Some(address.clone()),
             peer_json: None,
+            peer_redis: None,
         },
     };
     args.common.duration = None;
     args.common.ops = Some(500);
     let hydrant = get(&args).expect("hydrant's run");
     round_trip(&hydrant, &args.common);
-    let peer = get_on_peer(&args).expect("the peer's run").expect("a peer");
-    let peer_path = peer_json(&args).expect("beside --json");
+    assert!(
+        get_on_peer(&args, Peer::Redis).unwrap().is_none(),
+        "no redis given"
+    );
+    let peer = get_on_peer(&args, Peer::Memcached)
+        .expect("the peer's run")
+        .expect("a peer");
+    let peer_path = peer_json(&args, Peer::Memcached).expect("beside --json");
     assert_eq!(peer_path, directory.join("hydrant-memcached.json"));
     super::publish(&peer, Some(&peer_path)).expect("publish");
     let parsed = super::report::read(&peer_path).expect("the peer's JSON parses as v1");
@@ -311,6 +319,70 @@ fn the_peer_runs_the_same_gets_against_memcached() {
     .expect("report");
     let png = std::fs::read(plots.join(super::report::LATENCY_PLOT)).expect("the plot");
     assert_eq!(&png[1..4], b"PNG");
+    server.stop().expect("server stops");
+    let _ = std::fs::remove_dir_all(&directory);
+}
+
+/// `get --peer-redis`: the same gets against a real redis-server, its report beside hydrant's
+/// (`FILE-redis.json`), and the ratio line computed from the two reports.
+#[test]
+fn the_peer_runs_the_same_gets_against_redis() {
+    let directory = scratch("peer-redis");
+    let server = start_server(&directory);
+    let port = free_port().to_string();
+    let address = format!("127.0.0.1:{port}");
+    let _redis = spawn_listening(
+        "redis-server",
+        &[
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        &address,
+        "apt-get install -y redis-server",
+    );
+    let mut args = KeyValueArgs {
+        common: common(&server, &directory, "hydrant"),
+        keys: 100,
+        value_bytes: 4096,
+        distribution: Distribution::Zipf,
+        zipf_exponent: 0.99,
+        key_prefix: "kv/".into(),
+        no_load: false,
+        peer: PeerArgs {
+            peer_memcached: None,
+            peer_json: None,
+            peer_redis: Some(address.clone()),
+        },
+    };
+    args.common.duration = None;
+    args.common.ops = Some(400);
+    let hydrant = get(&args).expect("hydrant's run");
+    assert!(get_on_peer(&args, Peer::Memcached).unwrap().is_none());
+    let peer = get_on_peer(&args, Peer::Redis)
+        .expect("the peer's run")
+        .expect("a peer");
+    let peer_path = peer_json(&args, Peer::Redis).expect("beside --json");
+    assert_eq!(peer_path, directory.join("hydrant-redis.json"));
+    super::publish(&peer, Some(&peer_path)).expect("publish");
+    let parsed = super::report::read(&peer_path).expect("the peer's JSON parses as v1");
+    assert_eq!(parsed.label, "get-2c-redis");
+    assert_eq!(parsed.servers, vec![address]);
+    assert_eq!(parsed.parameters["peer"], serde_json::json!("redis"));
+    assert_eq!(parsed.operations, 400);
+    assert_eq!(parsed.bytes, 400 * 4096, "every GET found its 4 KiB value");
+    let line = ratio_line(&hydrant, &parsed, "redis");
+    let expected = format!(
+        "ops/s {:.2}",
+        hydrant.operations_per_second / parsed.operations_per_second
+    );
+    assert!(line.starts_with("hydrant/redis: "), "{line}");
+    assert!(line.contains(&expected), "{line} has {expected}");
     server.stop().expect("server stops");
     let _ = std::fs::remove_dir_all(&directory);
 }

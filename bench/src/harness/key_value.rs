@@ -1,7 +1,8 @@
 //! The key-value workloads: `get`, `put` and `mixed` over `--keys` keys of `--value-bytes` each,
-//! chosen uniformly or by Zipf's law (rank 1 is the hottest key). With `--peer-memcached`, the
-//! same workload (same keys, values, threads, connections, seeds and bounds) then runs against a
-//! memcached, and its report, in the same schema, goes beside hydrant's.
+//! chosen uniformly or by Zipf's law (rank 1 is the hottest key). With `--peer-memcached` and
+//! `--peer-redis`, the same workload (same keys, values, threads, connections, seeds and bounds)
+//! then runs against each peer, its report, in the same schema, goes beside hydrant's, and the
+//! ratios of hydrant's figures to the peer's are printed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -10,6 +11,7 @@ use hydrant_client::{Client, ClientError};
 use serde::Serialize;
 
 use crate::memcached::{self, MemcachedConnection};
+use crate::redis::{self, RedisConnection};
 
 use super::runner::{self, ThreadBody, ThreadContext};
 use super::schema::RunReport;
@@ -57,9 +59,59 @@ pub struct PeerArgs {
     /// unless --no-load); its report is labelled LABEL-memcached.
     #[arg(long)]
     pub peer_memcached: Option<String>,
-    /// Where the peer's report goes (default: beside --json, FILE-memcached.json).
+    /// Where the memcached peer's report goes (default: beside --json, FILE-memcached.json).
     #[arg(long)]
     pub peer_json: Option<PathBuf>,
+    /// Then (after memcached, when both are given) run the same workload against this Redis,
+    /// HOST:PORT; its report is labelled LABEL-redis and goes beside --json (FILE-redis.json).
+    #[arg(long)]
+    pub peer_redis: Option<String>,
+}
+
+/// A store the key-value workloads are measured against, in the same run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Memcached,
+    Redis,
+}
+
+impl Peer {
+    /// In the order they run.
+    pub const ALL: [Peer; 2] = [Peer::Memcached, Peer::Redis];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Memcached => "memcached",
+            Peer::Redis => "redis",
+        }
+    }
+
+    fn address(self, args: &KeyValueArgs) -> Option<&String> {
+        match self {
+            Peer::Memcached => args.peer.peer_memcached.as_ref(),
+            Peer::Redis => args.peer.peer_redis.as_ref(),
+        }
+    }
+}
+
+/// One line comparing hydrant's run with a peer's run of the same workload: throughput and
+/// latency percentiles as hydrant's over the peer's (above 1 is better for throughput, below 1
+/// is better for latency).
+pub fn ratio_line(hydrant: &RunReport, peer: &RunReport, name: &str) -> String {
+    let ratio = |ours: f64, theirs: f64| {
+        if theirs > 0.0 {
+            format!("{:.2}", ours / theirs)
+        } else {
+            "-".to_string()
+        }
+    };
+    format!(
+        "hydrant/{name}: ops/s {} · MiB/s {} · p50 latency {} · p99 latency {}",
+        ratio(hydrant.operations_per_second, peer.operations_per_second),
+        ratio(hydrant.mebibytes_per_second, peer.mebibytes_per_second),
+        ratio(hydrant.latency_us.p50, peer.latency_us.p50),
+        ratio(hydrant.latency_us.p99, peer.latency_us.p99),
+    )
 }
 
 /// One thread's connection to the store under test: hydrant's client, or a peer's. Each
@@ -112,6 +164,45 @@ impl KeyValueConnection for MemcachedPeer {
     }
 }
 
+/// Redis is given the same key strings as memcached and hydrant.
+struct RedisPeer {
+    connection: RedisConnection,
+    address: String,
+}
+
+impl RedisPeer {
+    /// As for memcached: a failure ends the run.
+    fn failed(&self, key: &str, what: impl std::fmt::Display) -> ClientError {
+        ClientError::Usage(format!("redis {}: {key}: {what}", self.address))
+    }
+}
+
+impl KeyValueConnection for RedisPeer {
+    fn get(&mut self, _bucket: &str, key: &str) -> Result<u64, ClientError> {
+        match self.connection.get(key) {
+            Ok(Some(value)) => Ok(value.len() as u64),
+            Ok(None) => Err(self.failed(key, "not found (load it, or leave out --no-load)")),
+            Err(error) => Err(self.failed(key, error)),
+        }
+    }
+
+    fn put(&mut self, _bucket: &str, key: &str, value: &[u8]) -> Result<u64, ClientError> {
+        self.connection
+            .set(key, value)
+            .map_err(|error| self.failed(key, error))?;
+        Ok(value.len() as u64)
+    }
+}
+
+fn connect_redis(address: &str, timeout: Duration) -> Result<Box<dyn KeyValueConnection>, String> {
+    let connection = RedisConnection::connect(address, timeout)
+        .map_err(|error| format!("connecting to redis {address}: {error}"))?;
+    Ok(Box::new(RedisPeer {
+        connection,
+        address: address.to_string(),
+    }))
+}
+
 /// Opens one connection per thread.
 type Connect<'args> = dyn Fn() -> Result<Box<dyn KeyValueConnection>, String> + Sync + 'args;
 
@@ -154,6 +245,13 @@ impl KeyValueArgs {
                 "--key-prefix {:?}: memcached refuses such keys (spaces, control characters, over {} bytes)",
                 self.key_prefix,
                 memcached::KEY_BYTES_MAX
+            ));
+        }
+        if self.peer.peer_redis.is_some() && self.key(self.keys - 1).len() > redis::KEY_BYTES_MAX {
+            return Err(format!(
+                "--key-prefix {:?}: keys over {} bytes",
+                self.key_prefix,
+                redis::KEY_BYTES_MAX
             ));
         }
         Ok(())
@@ -224,22 +322,23 @@ pub fn mixed(args: &MixedArgs) -> Result<RunReport, String> {
     )
 }
 
-/// The same `get` against `--peer-memcached`; `None` without a peer.
-pub fn get_on_peer(args: &KeyValueArgs) -> Result<Option<RunReport>, String> {
-    run_on_peer("get", args, 1.0, parameters_of(args))
+/// The same `get` against `peer`; `None` when that peer was not given.
+pub fn get_on_peer(args: &KeyValueArgs, peer: Peer) -> Result<Option<RunReport>, String> {
+    run_on_peer("get", args, 1.0, parameters_of(args), peer)
 }
 
-pub fn put_on_peer(args: &KeyValueArgs) -> Result<Option<RunReport>, String> {
-    run_on_peer("put", args, 0.0, parameters_of(args))
+pub fn put_on_peer(args: &KeyValueArgs, peer: Peer) -> Result<Option<RunReport>, String> {
+    run_on_peer("put", args, 0.0, parameters_of(args), peer)
 }
 
-pub fn mixed_on_peer(args: &MixedArgs) -> Result<Option<RunReport>, String> {
+pub fn mixed_on_peer(args: &MixedArgs, peer: Peer) -> Result<Option<RunReport>, String> {
     check_read_fraction(args.read_fraction)?;
     run_on_peer(
         "mixed",
         &args.key_value,
         args.read_fraction,
         parameters_of(args),
+        peer,
     )
 }
 
@@ -250,13 +349,14 @@ fn check_read_fraction(read_fraction: f64) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the peer's report goes: `--peer-json`, or beside `--json` (`run.json` →
-/// `run-memcached.json`); `None` when neither is given.
-pub fn peer_json(args: &KeyValueArgs) -> Option<PathBuf> {
-    args.peer
-        .peer_json
-        .clone()
-        .or_else(|| Some(super::json_beside(args.common.json.as_ref()?, "memcached")))
+/// Where a peer's report goes: for memcached `--peer-json`, else beside `--json` (`run.json` →
+/// `run-memcached.json`, `run-redis.json`); `None` when neither is given.
+pub fn peer_json(args: &KeyValueArgs, peer: Peer) -> Option<PathBuf> {
+    let given = match peer {
+        Peer::Memcached => args.peer.peer_json.clone(),
+        Peer::Redis => None,
+    };
+    given.or_else(|| Some(super::json_beside(args.common.json.as_ref()?, peer.name())))
 }
 
 const GET: usize = 0;
@@ -274,24 +374,32 @@ fn run_on_hydrant(
     run(workload, args, read_fraction, parameters, &connect)
 }
 
-/// The peer's run: the same arguments, against memcached; its report names memcached as its
-/// server, `LABEL-memcached` as its label and `peer: memcached` among its parameters.
+/// A peer's run: the same arguments, against the peer; its report names the peer's address as
+/// its server, `LABEL-PEER` as its label and `peer: PEER` among its parameters.
 fn run_on_peer(
     workload: &str,
     args: &KeyValueArgs,
     read_fraction: f64,
     mut parameters: std::collections::BTreeMap<String, serde_json::Value>,
+    peer: Peer,
 ) -> Result<Option<RunReport>, String> {
-    let Some(address) = args.peer.peer_memcached.clone() else {
+    let Some(address) = peer.address(args).cloned() else {
         return Ok(None);
     };
     args.validate()?;
     let mut peer_args = args.clone();
     peer_args.common.servers = vec![address.clone()];
-    peer_args.common.label = Some(format!("{}-memcached", args.common.label_or(workload)));
-    parameters.insert("peer".into(), serde_json::json!("memcached"));
+    peer_args.common.label = Some(format!(
+        "{}-{}",
+        args.common.label_or(workload),
+        peer.name()
+    ));
+    parameters.insert("peer".into(), serde_json::json!(peer.name()));
     let timeout = Duration::from_secs(args.common.timeout_seconds);
-    let connect = || connect_memcached(&address, timeout);
+    let connect = || match peer {
+        Peer::Memcached => connect_memcached(&address, timeout),
+        Peer::Redis => connect_redis(&address, timeout),
+    };
     run(workload, &peer_args, read_fraction, parameters, &connect).map(Some)
 }
 
