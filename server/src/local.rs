@@ -21,13 +21,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use hydrant_engine::buf::ExternalBuf;
 use hydrant_engine::rt::sync::Semaphore;
-use hydrant_engine::rt::{block_on, spawn};
+use hydrant_engine::rt::{block_on, current_reactor, spawn, EXTERNAL_FIXED_SLOTS};
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{ByteRange, Cache, EngineHandle};
 use hydrant_proto::local::{
@@ -38,7 +38,9 @@ use hydrant_proto::local::{
 use hydrant_proto::Status;
 
 use crate::connection::engine_failure;
-use crate::metrics::{self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGION_BYTES};
+use crate::metrics::{
+    self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGIONS_REGISTERED, LOCAL_REGION_BYTES,
+};
 
 /// Same-host connections served at once; more are closed on arrival.
 const LOCAL_CONNECTIONS_MAX: u64 = 256;
@@ -46,6 +48,9 @@ const LOCAL_CONNECTIONS_MAX: u64 = 256;
 const LOCAL_REGION_BYTES_TOTAL_MAX: u64 = 64 << 30;
 /// Items of one READ read at once on their shards.
 const LOCAL_READS_IN_FLIGHT_MAX: usize = 32;
+/// Bytes of regions registered with the rings at once: registration pins (and so allocates)
+/// every page of a region up front, so regions beyond this are read with plain READs.
+const LOCAL_REGISTERED_BYTES_MAX: u64 = 8 << 30;
 /// Huge page size tried for regions that are a multiple of it.
 const HUGE_PAGE_BYTES: u64 = 2 << 20;
 
@@ -168,7 +173,8 @@ fn accept_loop(
                 }
                 table.lock().expect("not poisoned").remove(&id);
                 drop(stream);
-                drop(connection); // unmaps its regions
+                connection.release_all(); // and unmaps them once no read holds them
+                drop(connection);
                 LOCAL_CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
@@ -205,6 +211,82 @@ struct Region {
     address: *mut u8,
     bytes: u64,
     huge_pages: bool,
+    /// The fixed-buffer slot it is registered at on every shard's ring, if it is.
+    slot: Option<u16>,
+}
+
+/// Fixed-buffer slots (1 to `EXTERNAL_FIXED_SLOTS`) taken by regions, the same on every ring.
+/// A slot is given back only after every ring has emptied it.
+static SLOTS_TAKEN: Mutex<u64> = Mutex::new(0);
+
+fn take_slot() -> Option<u16> {
+    let mut taken = SLOTS_TAKEN.lock().expect("not poisoned");
+    let slot = (1..=EXTERNAL_FIXED_SLOTS).find(|slot| *taken & (1 << (slot - 1)) == 0)?;
+    *taken |= 1 << (slot - 1);
+    Some(slot)
+}
+
+fn give_back_slot(slot: u16) {
+    *SLOTS_TAKEN.lock().expect("not poisoned") &= !(1 << (slot - 1));
+}
+
+/// Register `region` with every shard's ring at one slot, so that reads into it are READ_FIXED
+/// (no per-read page pinning). `None` when there is no free slot or a ring refuses (memlock
+/// limit, an old kernel): the region is then read with plain READs, which work as well.
+fn register_region(engine: &EngineHandle, address: usize, bytes: u64) -> Option<u16> {
+    let total = REGISTERED_BYTES.fetch_add(bytes, Ordering::SeqCst) + bytes;
+    let slot = if total <= LOCAL_REGISTERED_BYTES_MAX {
+        take_slot()
+    } else {
+        None
+    };
+    let Some(slot) = slot else {
+        REGISTERED_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+        return None;
+    };
+    let mut registered = Vec::new();
+    for shard in 0..engine.shard_count() {
+        let call = engine.on_shard(shard, move |_cache| async move {
+            let iovec = libc::iovec {
+                iov_base: address as *mut libc::c_void,
+                iov_len: bytes as usize,
+            };
+            // SAFETY: the region stays mapped until `unregister_region` has emptied this slot
+            // on every ring (the connection does that before it lets go of the region).
+            unsafe { current_reactor().register_external(slot, iovec) }
+                .map_err(|error| hydrant_engine::Error::io("fixed-buffer registration", error))
+        });
+        match block_on(call) {
+            Ok(()) => registered.push(shard),
+            Err(error) => {
+                if !REGISTRATION_REFUSED_LOGGED.swap(true, Ordering::Relaxed) {
+                    log::warn!("local socket: a region could not be registered with the rings ({error}); regions are read with plain READs");
+                }
+                unregister_on(engine, slot, registered);
+                give_back_slot(slot);
+                REGISTERED_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+                return None;
+            }
+        }
+    }
+    Some(slot)
+}
+
+static REGISTRATION_REFUSED_LOGGED: AtomicBool = AtomicBool::new(false);
+/// Bytes of the regions registered now.
+static REGISTERED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn unregister_on(engine: &EngineHandle, slot: u16, shards: Vec<usize>) {
+    for shard in shards {
+        let call = engine.on_shard(shard, move |_cache| async move {
+            current_reactor()
+                .unregister_external(slot)
+                .map_err(|error| hydrant_engine::Error::io("fixed-buffer unregistration", error))
+        });
+        if let Err(error) = block_on(call) {
+            log::error!("local socket: slot {slot} of shard {shard} could not be emptied: {error}");
+        }
+    }
 }
 
 impl Region {
@@ -259,6 +341,7 @@ impl Region {
             address: address.cast(),
             bytes,
             huge_pages,
+            slot: None,
         })
     }
 }
@@ -286,6 +369,12 @@ struct LocalConnection {
 }
 
 impl LocalConnection {
+    fn release_all(&mut self) {
+        for (_, region) in std::mem::take(&mut self.regions) {
+            self.release(region);
+        }
+    }
+
     fn serve(&mut self, stream: &UnixStream) -> io::Result<()> {
         let mut reader = stream;
         loop {
@@ -370,7 +459,7 @@ impl LocalConnection {
             );
         }
         LOCAL_REGIONS.fetch_add(1, Ordering::SeqCst);
-        let region = match Region::create(bytes) {
+        let mut region = match Region::create(bytes) {
             Ok(region) => region,
             Err(error) => {
                 LOCAL_REGIONS.fetch_sub(1, Ordering::SeqCst);
@@ -378,6 +467,10 @@ impl LocalConnection {
                 return refuse(Status::Internal, format!("cannot create a region: {error}"));
             }
         };
+        region.slot = register_region(&self.engine, region.address as usize, bytes);
+        if region.slot.is_some() {
+            LOCAL_REGIONS_REGISTERED.fetch_add(1, Ordering::SeqCst);
+        }
         self.next_region += 1;
         let info = LocalRegionInfo {
             region: self.next_region,
@@ -404,8 +497,23 @@ impl LocalConnection {
             return (Status::BadRequest, "FREE carries a u32".into());
         };
         match self.regions.remove(&region) {
-            Some(_) => (Status::Ok, String::new()),
+            Some(region) => {
+                self.release(region);
+                (Status::Ok, String::new())
+            }
             None => (Status::NotFound, format!("no region {region}")),
+        }
+    }
+
+    /// Let go of a region: its slot is emptied on every ring first (no read of this connection
+    /// is in flight: the connection serves one request at a time), then the mapping goes with
+    /// the last holder.
+    fn release(&self, region: Arc<Region>) {
+        if let Some(slot) = region.slot {
+            unregister_on(&self.engine, slot, (0..self.engine.shard_count()).collect());
+            give_back_slot(slot);
+            REGISTERED_BYTES.fetch_sub(region.bytes, Ordering::SeqCst);
+            LOCAL_REGIONS_REGISTERED.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -451,13 +559,18 @@ impl LocalConnection {
             };
             // SAFETY: the region's mapping is `region.bytes` long and lives as long as the Arc
             // (the owner); the server holds no reference into it.
-            let whole = unsafe {
+            let mut whole = unsafe {
                 ExternalBuf::new(
                     region.clone() as Arc<dyn std::any::Any + Send + Sync>,
                     region.address as usize,
                     region.bytes as usize,
                 )
             };
+            if let Some(slot) = region.slot {
+                // SAFETY: the region is registered at `slot` on every ring until `release`,
+                // which runs only after this request's reads have completed.
+                whole = unsafe { whole.with_fixed_slot(slot) };
+            }
             let destination = whole
                 .slice(item.offset as usize, item.length as usize)
                 .expect("checked to fit above");

@@ -44,6 +44,8 @@ const PATH_NAMES: [&str; 2] = ["local", "tcp"];
 /// threads, not shards).
 pub static LOCAL_REGIONS: AtomicU64 = AtomicU64::new(0);
 pub static LOCAL_REGION_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Same-host regions registered with every shard's ring (read with READ_FIXED).
+pub static LOCAL_REGIONS_REGISTERED: AtomicU64 = AtomicU64::new(0);
 /// Same-host connections open now.
 pub static LOCAL_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -322,6 +324,11 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
             "hydrant_local_region_bytes",
             "Bytes of the same-host shared regions mapped now.",
             &LOCAL_REGION_BYTES,
+        ),
+        (
+            "hydrant_local_regions_registered",
+            "Same-host regions registered with every shard's ring (read with READ_FIXED).",
+            &LOCAL_REGIONS_REGISTERED,
         ),
         (
             "hydrant_local_connections",

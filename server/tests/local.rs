@@ -366,6 +366,9 @@ fn nvme_reads_land_with_no_cpu_copy_and_tcp_counts_its_copies() {
 
     let mut client = LocalClient::connect(&server.socket).unwrap();
     let mut region = client.allocate(16 << 20).unwrap();
+    // Registered with the shards' rings (this runs as root: nothing limits pinned memory), so
+    // the reads below are READ_FIXED into it.
+    assert_eq!(server.metric("hydrant_local_regions_registered"), 1);
     // Aligned places: the device's DMA lands in the region, the CPU copies nothing.
     for _ in 0..3 {
         region.as_mut_slice().fill(0xEE);
@@ -421,6 +424,29 @@ fn nvme_reads_land_with_no_cpu_copy_and_tcp_counts_its_copies() {
         fallback,
         "one CPU copy per byte where the device cannot land"
     );
+
+    // FREE empties the slot on every ring; the next region takes it, and its reads land in
+    // its own pages (a stale registration would put them in the freed region's).
+    client.free(region).unwrap();
+    assert_eq!(server.metric("hydrant_local_regions_registered"), 0);
+    let mut region = client.allocate(16 << 20).unwrap();
+    assert_eq!(
+        server.metric("hydrant_local_regions_registered"),
+        1,
+        "the slot is reused"
+    );
+    let info = client.read_into(&mut region, 0, "b", "k", None).unwrap();
+    assert_eq!(info.written, data.len() as u64);
+    assert_eq!(&region.as_slice()[..data.len()], &data[..]);
+    drop(client);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.metric("hydrant_local_regions_registered") != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed connection's region stays registered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     let (_, got) = tcp.get("b", "k", None).unwrap();
     assert_eq!(got, data);

@@ -14,6 +14,8 @@ pub struct ExternalBuf {
     owner: Arc<dyn Any + Send + Sync>,
     address: usize,
     length: usize,
+    /// The rings' fixed-buffer slot that holds this memory, when it is registered.
+    fixed: Option<u16>,
 }
 
 impl ExternalBuf {
@@ -31,7 +33,24 @@ impl ExternalBuf {
             owner,
             address,
             length,
+            fixed: None,
         }
+    }
+
+    /// The same memory, read with READ_FIXED through fixed-buffer slot `slot`.
+    ///
+    /// # Safety
+    /// Slot `slot` of every ring this buffer is read on must hold memory that contains this
+    /// buffer's range (`Reactor::register_external`), and stay registered while it is read:
+    /// the kernel writes to the pages it pinned for the slot, whatever is mapped here now.
+    pub unsafe fn with_fixed_slot(mut self, slot: u16) -> ExternalBuf {
+        self.fixed = Some(slot);
+        self
+    }
+
+    /// The fixed-buffer slot it is read through, if any.
+    pub fn fixed_slot(&self) -> Option<u16> {
+        self.fixed
     }
 
     pub fn len(&self) -> usize {
@@ -58,6 +77,7 @@ impl ExternalBuf {
             owner: self.owner.clone(),
             address: self.address + offset,
             length,
+            fixed: self.fixed,
         })
     }
 

@@ -20,7 +20,7 @@ pub mod time;
 
 pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
-pub use reactor::{Reactor, ReactorConfig, ReactorInfo};
+pub use reactor::{Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS};
 
 use std::future::Future;
 use std::io;

@@ -148,18 +148,31 @@ pub async fn read_at(
     }
 }
 
-/// Read `buf.len()` bytes at `offset` straight into memory outside the arena (not a fixed
-/// buffer: the kernel pins its pages for this one read). The buffer is held by the ring until
+/// Read `buf.len()` bytes at `offset` straight into memory outside the arena: READ_FIXED when
+/// it is registered with the ring, else a plain READ (the kernel pins its pages for this one
+/// read). The buffer is held by the ring until
 /// the completion arrives, so its owner outlives the kernel's access even if this is dropped.
 pub async fn read_at_external(file: FileRef, buf: ExternalBuf, offset: u64) -> io::Result<usize> {
     let pointer = buf.as_mut_ptr();
     let length = u32::try_from(buf.len()).expect("one read is under 4 GiB");
-    let entry = match file {
-        FileRef::Fixed(fixed) => opcode::Read::new(types::Fixed(fixed), pointer, length),
-        FileRef::Raw(fd) => opcode::Read::new(types::Fd(fd), pointer, length),
-    }
-    .offset(offset)
-    .build();
+    let entry = match (file, buf.fixed_slot()) {
+        (FileRef::Fixed(fixed), Some(slot)) => {
+            opcode::ReadFixed::new(types::Fixed(fixed), pointer, length, slot)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Raw(fd), Some(slot)) => {
+            opcode::ReadFixed::new(types::Fd(fd), pointer, length, slot)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Fixed(fixed), None) => opcode::Read::new(types::Fixed(fixed), pointer, length)
+            .offset(offset)
+            .build(),
+        (FileRef::Raw(fd), None) => opcode::Read::new(types::Fd(fd), pointer, length)
+            .offset(offset)
+            .build(),
+    };
     let (result, _) = Op::new(entry, Keep::External(buf)).await;
     result.map(|read| read as usize)
 }

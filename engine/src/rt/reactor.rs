@@ -53,6 +53,20 @@ pub enum Keep {
     Vectored(Box<Vectored>),
 }
 
+/// Slots of a ring's fixed-buffer table for memory outside the arena (same-host regions): slot 0
+/// is the arena, slots 1 to this one are registered and emptied at run time.
+pub const EXTERNAL_FIXED_SLOTS: u16 = 64;
+
+fn check_external_slot(slot: u16) -> io::Result<()> {
+    if slot == 0 || slot > EXTERNAL_FIXED_SLOTS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("fixed-buffer slot {slot} is not one of 1 to {EXTERNAL_FIXED_SLOTS}"),
+        ));
+    }
+    Ok(())
+}
+
 /// What a vectored read into an arena buffer and outside memory holds until its completion.
 pub struct Vectored {
     pub(crate) iovecs: [libc::iovec; 2],
@@ -144,6 +158,8 @@ impl RemoteWake {
 }
 
 pub struct Reactor {
+    /// Whether the fixed-buffer table has slots for external buffers.
+    external_slots: Cell<bool>,
     ring: RefCell<IoUring>,
     slots: RefCell<Vec<Option<Slot>>>,
     free_slots: RefCell<Vec<usize>>,
@@ -169,6 +185,7 @@ impl Reactor {
         assert!(config.ring_entries as usize > config.io_depth_max + 2);
         let (ring, defer_taskrun) = build_ring(config.ring_entries)?;
         Ok(Reactor {
+            external_slots: Cell::new(false),
             ring: RefCell::new(ring),
             slots: RefCell::new(Vec::with_capacity(config.io_depth_max)),
             free_slots: RefCell::new(Vec::new()),
@@ -196,13 +213,67 @@ impl Reactor {
         self.in_flight.get()
     }
 
-    /// Register `buffers` as the ring's fixed buffers (indices in order).
+    /// Register `buffers` as the ring's fixed buffers (indices in order). The table gets
+    /// `EXTERNAL_FIXED_SLOTS` more empty slots after them when the kernel allows sparse
+    /// tables, for memory registered later (`register_external`).
     ///
     /// # Safety
     /// Every iovec must describe memory that stays valid and is not unmapped for as long as the
     /// ring exists.
     pub(crate) unsafe fn register_buffers(&self, buffers: &[libc::iovec]) -> io::Result<()> {
-        self.ring.borrow().submitter().register_buffers(buffers)
+        let ring = self.ring.borrow();
+        let submitter = ring.submitter();
+        let slots = buffers.len() as u32 + EXTERNAL_FIXED_SLOTS as u32;
+        if submitter.register_buffers_sparse(slots).is_ok() {
+            match submitter.register_buffers_update(0, buffers, None) {
+                Ok(()) => {
+                    self.external_slots.set(true);
+                    return Ok(());
+                }
+                Err(_) => {
+                    let _ = submitter.unregister_buffers();
+                }
+            }
+        }
+        submitter.register_buffers(buffers)
+    }
+
+    /// Put `iovec` in fixed-buffer slot `slot` (1 to `EXTERNAL_FIXED_SLOTS`) of this ring.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the slot is emptied with `unregister_external`; the
+    /// kernel pins its pages meanwhile.
+    pub unsafe fn register_external(&self, slot: u16, iovec: libc::iovec) -> io::Result<()> {
+        if !self.external_slots.get() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this ring has no slots for external buffers",
+            ));
+        }
+        check_external_slot(slot)?;
+        self.ring
+            .borrow()
+            .submitter()
+            .register_buffers_update(slot as u32, &[iovec], None)
+    }
+
+    /// Empty slot `slot`. Reads in flight that use it finish on the pages they pinned.
+    pub fn unregister_external(&self, slot: u16) -> io::Result<()> {
+        check_external_slot(slot)?;
+        if !self.external_slots.get() {
+            return Ok(());
+        }
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        // SAFETY: an empty iovec clears the slot; no memory is described.
+        unsafe {
+            self.ring
+                .borrow()
+                .submitter()
+                .register_buffers_update(slot as u32, &[empty], None)
+        }
     }
 
     /// Register files as the ring's fixed files (indices in order).

@@ -628,8 +628,9 @@ impl Store {
             self.check_read(result, span_len, region)?;
             return Ok(target.crc32c(offset, data_bytes as usize) == location.first_crc);
         }
-        let header_buf = if span_start == 0 {
-            // Header and data are contiguous: one read, the header into the arena.
+        let header_buf = if span_start == 0 && target.fixed_slot().is_none() {
+            // Header and data are contiguous: one read, the header into the arena. (A
+            // registered target is read with READ_FIXED instead, beside the header's read.)
             let (result, header_buf) = read_vectored_at(
                 file,
                 self.arena.allocate(BLOCK_BYTES),
