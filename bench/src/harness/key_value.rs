@@ -133,21 +133,52 @@ impl KeyValueConnection for Client {
     }
 }
 
-/// memcached has no buckets: keys are the same strings hydrant stores in `--bucket`.
-struct MemcachedPeer {
-    connection: MemcachedConnection,
+/// A peer's blocking connection: values by key, no buckets (keys are the same strings hydrant
+/// stores in `--bucket`).
+trait PeerStore: Send {
+    fn get(&mut self, key: &str) -> std::io::Result<Option<&[u8]>>;
+    fn set(&mut self, key: &str, value: &[u8]) -> std::io::Result<()>;
+}
+
+impl PeerStore for MemcachedConnection {
+    fn get(&mut self, key: &str) -> std::io::Result<Option<&[u8]>> {
+        MemcachedConnection::get(self, key)
+    }
+
+    fn set(&mut self, key: &str, value: &[u8]) -> std::io::Result<()> {
+        MemcachedConnection::set(self, key, value)
+    }
+}
+
+impl PeerStore for RedisConnection {
+    fn get(&mut self, key: &str) -> std::io::Result<Option<&[u8]>> {
+        RedisConnection::get(self, key)
+    }
+
+    fn set(&mut self, key: &str, value: &[u8]) -> std::io::Result<()> {
+        RedisConnection::set(self, key, value)
+    }
+}
+
+struct PeerConnection<C> {
+    connection: C,
+    peer: Peer,
     address: String,
 }
 
-impl MemcachedPeer {
+impl<C> PeerConnection<C> {
     /// A failure ends the run (not retriable): this connection does not reconnect, and a
     /// missing key means the peer does not hold what hydrant held, so the two are not comparable.
     fn failed(&self, key: &str, what: impl std::fmt::Display) -> ClientError {
-        ClientError::Usage(format!("memcached {}: {key}: {what}", self.address))
+        ClientError::Usage(format!(
+            "{} {}: {key}: {what}",
+            self.peer.name(),
+            self.address
+        ))
     }
 }
 
-impl KeyValueConnection for MemcachedPeer {
+impl<C: PeerStore> KeyValueConnection for PeerConnection<C> {
     fn get(&mut self, _bucket: &str, key: &str) -> Result<u64, ClientError> {
         match self.connection.get(key) {
             Ok(Some(value)) => Ok(value.len() as u64),
@@ -164,43 +195,26 @@ impl KeyValueConnection for MemcachedPeer {
     }
 }
 
-/// Redis is given the same key strings as memcached and hydrant.
-struct RedisPeer {
-    connection: RedisConnection,
-    address: String,
-}
-
-impl RedisPeer {
-    /// As for memcached: a failure ends the run.
-    fn failed(&self, key: &str, what: impl std::fmt::Display) -> ClientError {
-        ClientError::Usage(format!("redis {}: {key}: {what}", self.address))
-    }
-}
-
-impl KeyValueConnection for RedisPeer {
-    fn get(&mut self, _bucket: &str, key: &str) -> Result<u64, ClientError> {
-        match self.connection.get(key) {
-            Ok(Some(value)) => Ok(value.len() as u64),
-            Ok(None) => Err(self.failed(key, "not found (load it, or leave out --no-load)")),
-            Err(error) => Err(self.failed(key, error)),
-        }
-    }
-
-    fn put(&mut self, _bucket: &str, key: &str, value: &[u8]) -> Result<u64, ClientError> {
-        self.connection
-            .set(key, value)
-            .map_err(|error| self.failed(key, error))?;
-        Ok(value.len() as u64)
-    }
-}
-
-fn connect_redis(address: &str, timeout: Duration) -> Result<Box<dyn KeyValueConnection>, String> {
-    let connection = RedisConnection::connect(address, timeout)
-        .map_err(|error| format!("connecting to redis {address}: {error}"))?;
-    Ok(Box::new(RedisPeer {
-        connection,
-        address: address.to_string(),
-    }))
+fn connect_peer(
+    peer: Peer,
+    address: &str,
+    timeout: Duration,
+) -> Result<Box<dyn KeyValueConnection>, String> {
+    let failed =
+        |error: std::io::Error| format!("connecting to {} {address}: {error}", peer.name());
+    let address = address.to_string();
+    Ok(match peer {
+        Peer::Memcached => Box::new(PeerConnection {
+            connection: MemcachedConnection::connect(&address, timeout).map_err(failed)?,
+            peer,
+            address,
+        }),
+        Peer::Redis => Box::new(PeerConnection {
+            connection: RedisConnection::connect(&address, timeout).map_err(failed)?,
+            peer,
+            address,
+        }),
+    })
 }
 
 /// Opens one connection per thread.
@@ -208,18 +222,6 @@ type Connect<'args> = dyn Fn() -> Result<Box<dyn KeyValueConnection>, String> + 
 
 fn connect_hydrant(common: &CommonArgs) -> Result<Box<dyn KeyValueConnection>, String> {
     Ok(Box::new(common.connect()?))
-}
-
-fn connect_memcached(
-    address: &str,
-    timeout: Duration,
-) -> Result<Box<dyn KeyValueConnection>, String> {
-    let connection = MemcachedConnection::connect(address, timeout)
-        .map_err(|error| format!("connecting to memcached {address}: {error}"))?;
-    Ok(Box::new(MemcachedPeer {
-        connection,
-        address: address.to_string(),
-    }))
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]
@@ -396,10 +398,7 @@ fn run_on_peer(
     ));
     parameters.insert("peer".into(), serde_json::json!(peer.name()));
     let timeout = Duration::from_secs(args.common.timeout_seconds);
-    let connect = || match peer {
-        Peer::Memcached => connect_memcached(&address, timeout),
-        Peer::Redis => connect_redis(&address, timeout),
-    };
+    let connect = || connect_peer(peer, &address, timeout);
     run(workload, &peer_args, read_fraction, parameters, &connect).map(Some)
 }
 

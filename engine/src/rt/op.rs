@@ -104,6 +104,35 @@ fn into_buf(keep: Keep) -> IoBuf {
     keep.into_buf()
 }
 
+/// A READ of `length` bytes at `offset` into `pointer`: READ_FIXED through fixed-buffer slot
+/// `fixed` when the memory is registered.
+fn read_entry(
+    file: FileRef,
+    pointer: *mut u8,
+    length: u32,
+    fixed: Option<u16>,
+    offset: u64,
+) -> squeue::Entry {
+    match (file, fixed) {
+        (FileRef::Fixed(file), Some(slot)) => {
+            opcode::ReadFixed::new(types::Fixed(file), pointer, length, slot)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Raw(fd), Some(slot)) => {
+            opcode::ReadFixed::new(types::Fd(fd), pointer, length, slot)
+                .offset(offset)
+                .build()
+        }
+        (FileRef::Fixed(file), None) => opcode::Read::new(types::Fixed(file), pointer, length)
+            .offset(offset)
+            .build(),
+        (FileRef::Raw(fd), None) => opcode::Read::new(types::Fd(fd), pointer, length)
+            .offset(offset)
+            .build(),
+    }
+}
+
 /// Read `len` bytes at `offset` into the start of `buf`. On success the buffer's length is the
 /// number of bytes read (which may be short at the end of a file).
 pub async fn read_at(
@@ -117,26 +146,8 @@ pub async fn read_at(
         "read of {len} bytes into a {}-byte buffer",
         buf.capacity()
     );
-    let pointer = buf.as_mut_ptr();
     let length = u32::try_from(len).expect("one read is under 4 GiB");
-    let entry = match (file, buf.fixed_index()) {
-        (FileRef::Fixed(fixed), Some(index)) => {
-            opcode::ReadFixed::new(types::Fixed(fixed), pointer, length, index)
-                .offset(offset)
-                .build()
-        }
-        (FileRef::Raw(fd), Some(index)) => {
-            opcode::ReadFixed::new(types::Fd(fd), pointer, length, index)
-                .offset(offset)
-                .build()
-        }
-        (FileRef::Fixed(fixed), None) => opcode::Read::new(types::Fixed(fixed), pointer, length)
-            .offset(offset)
-            .build(),
-        (FileRef::Raw(fd), None) => opcode::Read::new(types::Fd(fd), pointer, length)
-            .offset(offset)
-            .build(),
-    };
+    let entry = read_entry(file, buf.as_mut_ptr(), length, buf.fixed_index(), offset);
     let (result, keep) = Op::new(entry, Keep::Buf(buf)).await;
     let mut buf = into_buf(keep);
     match result {
@@ -155,24 +166,7 @@ pub async fn read_at(
 pub async fn read_at_external(file: FileRef, buf: ExternalBuf, offset: u64) -> io::Result<usize> {
     let pointer = buf.as_mut_ptr();
     let length = u32::try_from(buf.len()).expect("one read is under 4 GiB");
-    let entry = match (file, buf.fixed_slot()) {
-        (FileRef::Fixed(fixed), Some(slot)) => {
-            opcode::ReadFixed::new(types::Fixed(fixed), pointer, length, slot)
-                .offset(offset)
-                .build()
-        }
-        (FileRef::Raw(fd), Some(slot)) => {
-            opcode::ReadFixed::new(types::Fd(fd), pointer, length, slot)
-                .offset(offset)
-                .build()
-        }
-        (FileRef::Fixed(fixed), None) => opcode::Read::new(types::Fixed(fixed), pointer, length)
-            .offset(offset)
-            .build(),
-        (FileRef::Raw(fd), None) => opcode::Read::new(types::Fd(fd), pointer, length)
-            .offset(offset)
-            .build(),
-    };
+    let entry = read_entry(file, pointer, length, buf.fixed_slot(), offset);
     let (result, _) = Op::new(entry, Keep::External(buf)).await;
     result.map(|read| read as usize)
 }

@@ -653,16 +653,7 @@ impl Store {
             self.check_read(result, span_len, region)?;
             header_buf
         };
-        let header = EntryHeader::decode(header_buf.as_slice(), piece_bytes)
-            .filter(|header| {
-                header.kind == EntryKind::Chunk
-                    && header.seq == record.seq
-                    && header.chunk_index as usize == chunk
-                    && header.data_bytes == data_bytes
-                    && header.bucket == key.bucket_bytes()
-                    && header.key == key.key_bytes()
-            })
-            .ok_or_else(|| self.checksum_failed(key, record, chunk, "entry header"))?;
+        let header = self.chunk_header(header_buf.as_slice(), key, record, chunk, data_bytes)?;
         let first_piece = (span_start / piece_bytes) as usize;
         let mut piece_offset = 0usize;
         let mut index = first_piece;
@@ -798,16 +789,7 @@ impl Store {
             Some(block) => block.as_slice(),
             None => &data.as_slice()[..BLOCK_BYTES],
         };
-        let header = EntryHeader::decode(header_bytes, piece_bytes)
-            .filter(|header| {
-                header.kind == EntryKind::Chunk
-                    && header.seq == record.seq
-                    && header.chunk_index as usize == chunk
-                    && header.data_bytes == data_bytes
-                    && header.bucket == key.bucket_bytes()
-                    && header.key == key.key_bytes()
-            })
-            .ok_or_else(|| self.checksum_failed(key, record, chunk, "entry header"))?;
+        let header = self.chunk_header(header_bytes, key, record, chunk, data_bytes)?;
         let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
         for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
             let index = first_piece as usize + offset;
@@ -820,6 +802,28 @@ impl Store {
             start: data_start + (want.start - span_start) as usize,
             len: want.len(),
         })
+    }
+
+    /// The entry header of chunk `chunk` of `record`'s version, decoded from `bytes` and checked
+    /// against what the index says is there; a mismatch is a checksum failure.
+    fn chunk_header(
+        &self,
+        bytes: &[u8],
+        key: &ObjectKey,
+        record: &ObjectRecord,
+        chunk: usize,
+        data_bytes: u32,
+    ) -> Result<EntryHeader> {
+        EntryHeader::decode(bytes, self.geometry.crc_block_bytes)
+            .filter(|header| {
+                header.kind == EntryKind::Chunk
+                    && header.seq == record.seq
+                    && header.chunk_index as usize == chunk
+                    && header.data_bytes == data_bytes
+                    && header.bucket == key.bucket_bytes()
+                    && header.key == key.key_bytes()
+            })
+            .ok_or_else(|| self.checksum_failed(key, record, chunk, "entry header"))
     }
 
     fn check_read(&self, result: std::io::Result<usize>, len: usize, region: usize) -> Result<()> {
