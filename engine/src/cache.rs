@@ -355,6 +355,33 @@ impl Cache {
         range: Option<ByteRange>,
         target: &ExternalBuf,
     ) -> Result<Option<Placed>> {
+        // A range known not to fit is refused before anything is read (when the stored copy is
+        // the current version without asking the origin).
+        let settled = |meta: &ObjectMeta| -> Result<bool> {
+            Ok(meta.dirty
+                || self
+                    .route(key)?
+                    .is_none_or(|(_, route)| route.revalidate == Revalidate::Immutable))
+        };
+        if let Some(meta) = self
+            .store
+            .head(key)
+            .filter(|meta| settled(meta).unwrap_or(false))
+        {
+            let (start, end) = resolve_range(range, meta.bytes)?;
+            if end - start > target.len() as u64 {
+                return Ok(Some(Placed {
+                    bytes: meta.bytes,
+                    seq: meta.seq,
+                    dirty: meta.dirty,
+                    start,
+                    len: end - start,
+                    written: false,
+                    from_origin: false,
+                    copied_bytes: 0,
+                }));
+            }
+        }
         let Some(got) = self.get_to(key, range, Some(target)).await? else {
             return Ok(None);
         };

@@ -425,6 +425,20 @@ fn nvme_reads_land_with_no_cpu_copy_and_tcp_counts_its_copies() {
         "one CPU copy per byte where the device cannot land"
     );
 
+    // A range that cannot fit where it is asked to go is refused before anything is read.
+    let read_before = server.metric("hydrant_device_read_bytes_total");
+    let error = client
+        .read_into(&mut region, (16 << 20) - 4096, "b", "k", None)
+        .unwrap_err();
+    assert!(
+        matches!(&error, ClientError::Status { status, .. } if *status == Status::TooLarge as u8),
+        "{error}"
+    );
+    assert_eq!(
+        server.metric("hydrant_device_read_bytes_total"),
+        read_before
+    );
+
     // FREE empties the slot on every ring; the next region takes it, and its reads land in
     // its own pages (a stale registration would put them in the freed region's).
     client.free(region).unwrap();
