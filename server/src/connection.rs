@@ -8,7 +8,7 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hydrant_engine::buf::IoBuf;
 use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
@@ -54,6 +54,8 @@ pub(crate) struct Policy {
     pub limits: Limits,
     pub token: Option<Vec<u8>>,
     pub allow_remote_without_token: bool,
+    /// A greeted connection silent for this long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
 }
 
 /// True when the socket's peer is on this host (127.0.0.0/8 or ::1).
@@ -119,9 +121,21 @@ struct Connection {
     outbox_bytes: Cell<usize>,
     outbox_changed: WaitQueue,
     reading_done: Cell<bool>,
+    /// When a frame last arrived or an answer was last sent (for the idle timeout).
+    last_activity: Cell<Instant>,
+    /// Requests being worked on: a permit each.
+    in_flight: Rc<Semaphore>,
+    /// Woken when reading is done, so that the deadline watcher stops early.
+    closed: WaitQueue,
 }
 
 impl Connection {
+    /// Nothing received, sent or worked on: no request running, no answer waiting.
+    fn is_quiet(&self) -> bool {
+        self.in_flight.available() == self.policy.limits.requests_in_flight_max as usize
+            && self.outbox_bytes.get() == 0
+    }
+
     fn queue(&self, frame: Vec<u8>) {
         self.outbox_bytes.set(self.outbox_bytes.get() + frame.len());
         self.outbox.borrow_mut().push_back(frame);
@@ -216,6 +230,7 @@ impl Input {
 async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
     let fd = socket.as_raw_fd();
     let limits = policy.limits;
+    let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
     let connection = Rc::new(Connection {
         store,
         engine,
@@ -227,11 +242,13 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
         outbox_bytes: Cell::new(0),
         outbox_changed: WaitQueue::new(),
         reading_done: Cell::new(false),
+        last_activity: Cell::new(Instant::now()),
+        in_flight: in_flight.clone(),
+        closed: WaitQueue::new(),
     });
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
-    spawn(hello_deadline(connection.clone(), fd));
-    let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
+    spawn(watch_deadlines(connection.clone(), fd));
     let mut input = Input {
         socket: fd,
         bytes: Vec::new(),
@@ -247,19 +264,63 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
     }
     connection.reading_done.set(true);
     connection.outbox_changed.wake_all();
+    connection.closed.wake_all();
     writer.await;
     drop(socket);
     metrics::count(|counters| counters.connections_closed += 1);
 }
 
-/// Close a connection that has not said HELLO in time (it would hold an fd and buffers forever).
-async fn hello_deadline(connection: Rc<Connection>, socket: RawFd) {
-    sleep(Duration::from_millis(HELLO_DEADLINE_MS)).await;
+/// Close a connection that has not said HELLO in time, or that said it and then went quiet for
+/// the idle timeout (either would hold an fd and buffers forever). Returns once reading is done.
+async fn watch_deadlines(connection: Rc<Connection>, socket: RawFd) {
+    let opened = Instant::now();
+    let hello_deadline = opened + Duration::from_millis(HELLO_DEADLINE_MS);
+    let idle_timeout = connection.policy.idle_timeout;
+    loop {
+        if connection.reading_done.get() {
+            return;
+        }
+        let now = Instant::now();
+        let wake_at = if !connection.greeted.get() {
+            if now >= hello_deadline {
+                break;
+            }
+            // Look again after the idle timeout too: HELLO may come in between.
+            idle_timeout.map_or(hello_deadline, |idle| hello_deadline.min(now + idle))
+        } else {
+            let Some(idle) = idle_timeout else { return };
+            let quiet_until = connection.last_activity.get() + idle;
+            if now >= quiet_until && connection.is_quiet() {
+                break;
+            }
+            // Busy connections are looked at again one timeout later.
+            quiet_until.max(now + idle.min(Duration::from_secs(1)))
+        };
+        sleep_or_wake(wake_at - now, &connection.closed).await;
+    }
     // While reading is not done, `serve` still owns the socket, so the fd is this connection's.
-    if !connection.greeted.get() && !connection.reading_done.get() {
+    // Shutting down both directions ends the pending receive (the reader sees a clean close)
+    // and tells the peer at once; nothing is waiting to be sent when the connection is quiet.
+    if !connection.reading_done.get() {
+        log::debug!("closing a connection that went quiet or never said HELLO");
+        metrics::count(|counters| counters.connections_timed_out += 1);
         // SAFETY: shutdown on a socket fd this connection still owns.
         unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
     }
+}
+
+/// Sleep for `duration`, or less if `queue` is woken first.
+async fn sleep_or_wake(duration: Duration, queue: &WaitQueue) {
+    let mut timer = std::pin::pin!(sleep(duration));
+    let mut woken = std::pin::pin!(queue.wait());
+    std::future::poll_fn(|context| {
+        if timer.as_mut().poll(context).is_ready() || woken.as_mut().poll(context).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Decode frames until the peer closes or sends something that breaks the stream.
@@ -281,6 +342,7 @@ async fn read_loop(
         else {
             return Ok(());
         };
+        connection.last_activity.set(Instant::now());
         let header = match FrameHeader::decode(&header_bytes, &connection.limits.get()) {
             Ok(header) => header,
             Err(error) => {
@@ -892,6 +954,7 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
             offset += frame.len();
         }
         let (sent, buf) = net::send_all(socket, buf).await;
+        connection.last_activity.set(Instant::now());
         connection
             .outbox_bytes
             .set(connection.outbox_bytes.get() - total);

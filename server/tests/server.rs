@@ -736,3 +736,53 @@ fn a_config_file_sets_what_flags_do_not() {
     );
     let _ = std::fs::remove_dir_all(&directory);
 }
+
+#[test]
+fn a_greeted_connection_that_goes_quiet_is_closed_while_an_active_one_is_served() {
+    let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idle-config-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).unwrap();
+    let config = directory.join("hydrant.toml");
+    std::fs::write(&config, "idle_timeout = \"1s\"\n").unwrap();
+    let server = ServerProcess::start_with("idle-timeout", &["--config", config.to_str().unwrap()]);
+    let mut quiet = server.connect();
+    hello(&mut quiet);
+    let greeted = std::time::Instant::now();
+    let quiet_reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let read = quiet.read_to_end(&mut rest);
+        (read.map_err(|error| error.to_string()), greeted.elapsed())
+    });
+    // The active connection asks something every 200 ms for three times the timeout.
+    let mut active = server.connect();
+    hello(&mut active);
+    for request_id in 2..17 {
+        send(&mut active, Opcode::Ping, request_id, &[], &[]);
+        let answer = receive(&mut active);
+        assert_eq!(status(&answer), Status::Ok);
+        assert_eq!(answer.header.request_id, request_id);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (read, quiet_for) = quiet_reader.join().unwrap();
+    assert_eq!(read, Ok(0), "the quiet connection was closed cleanly");
+    assert!(
+        quiet_for >= Duration::from_millis(900),
+        "closed after {quiet_for:?}, before its timeout"
+    );
+    send(&mut active, Opcode::Ping, 99, &[], &[]);
+    assert_eq!(
+        status(&receive(&mut active)),
+        Status::Ok,
+        "the active connection outlived the quiet one"
+    );
+    send(&mut active, Opcode::Stats, 100, &[], &[]);
+    let metrics = String::from_utf8(receive(&mut active).payload).unwrap();
+    let timed_out: u64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("hydrant_connections_timed_out_total{"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(timed_out, 1, "one connection timed out:\n{metrics}");
+    let _ = std::fs::remove_dir_all(&directory);
+}
