@@ -29,8 +29,8 @@ pub struct ServerCounters {
     pub latency_sum_us: [u64; 16],
     /// Object bytes copied by the CPU on the way to a client, per path (`PATH_LOCAL`,
     /// `PATH_TCP`): in the engine (gathering parts, DRAM fills) and in the server (into the
-    /// shared region; into frames and the send buffer). The kernel's socket copies are not
-    /// counted (two more per byte on TCP: send and receive).
+    /// shared region; on TCP, into a vector when a key of another shard crosses threads). The
+    /// kernel's socket copies are not counted (two more per byte on TCP: send and receive).
     pub copied_bytes: [u64; 2],
     /// Object bytes delivered to clients, per path.
     pub delivered_bytes: [u64; 2],

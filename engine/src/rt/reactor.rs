@@ -47,13 +47,18 @@ pub struct ReactorInfo {
 pub enum Keep {
     Nothing,
     Buf(IoBuf),
+    /// Anything else the operation's pointers lead into (a gathered send: its parts, the iovec
+    /// array and the message header), boxed so that it does not move while the kernel holds it.
+    Owned(Box<dyn std::any::Any>),
 }
 
 impl Keep {
     pub(crate) fn into_buf(self) -> IoBuf {
         match self {
             Keep::Buf(buf) => buf,
-            Keep::Nothing => unreachable!("a buffer operation came back without its buffer"),
+            Keep::Nothing | Keep::Owned(_) => {
+                unreachable!("a buffer operation came back without its buffer")
+            }
         }
     }
 }
