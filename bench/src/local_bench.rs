@@ -11,7 +11,6 @@ use hydrant_client::local::LocalClient;
 use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 #[derive(Args)]
@@ -120,13 +119,8 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
     engine.format = FormatPolicy::Always;
     engine.dram_bytes = args.dram_bytes;
     let server = Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
         local_socket: Some(socket.clone()),
+        ..ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine)
     })?;
     let address = vec![server.address().to_string()];
     let error = |error: hydrant_client::ClientError| error.to_string();

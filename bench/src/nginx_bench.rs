@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 const OBJECT_BYTES: usize = 1 << 20;
@@ -180,15 +179,10 @@ fn start_hydrant(args: &NginxArgs, dram_bytes: u64) -> Result<Server, String> {
     engine.format = FormatPolicy::Always;
     engine.cpus = Some(vec![args.server_cpu]);
     engine.dram_bytes = dram_bytes;
-    Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
+    Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
         engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })
+    ))
 }
 
 fn median(values: &mut [f64]) -> f64 {

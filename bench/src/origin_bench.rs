@@ -18,7 +18,6 @@ use hydrant_engine::{
     BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
 };
 use hydrant_fault_proxy::{DelayRange, ProxyHandle};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
@@ -179,15 +178,10 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
         },
     );
     engine.origins = Some(origins);
-    let server = Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
+    let server = Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
         engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })?;
+    ))?;
     let address = vec![server.address().to_string()];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 use crate::harness::interrupt;
@@ -45,15 +44,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     engine.shards = args.shards;
     engine.cpus = args.cpus;
     engine.dram_bytes = args.dram_mib << 20;
-    let server = Server::start(ServerConfig {
-        listen: args.listen,
-        engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })?;
+    let server = Server::start(ServerConfig::new(args.listen, engine))?;
     interrupt::install();
     eprintln!("serving on {} until Ctrl-C", server.address());
     while !interrupt::interrupted() {

@@ -13,7 +13,6 @@ use clap::Args;
 use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 use crate::memcached::MemcachedConnection;
@@ -152,15 +151,10 @@ pub fn server(args: ServerArgs) -> Result<(), String> {
     engine.shards = Some(1);
     engine.format = FormatPolicy::Always;
     engine.cpus = Some(vec![args.server_cpu]);
-    let server = Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
+    let server = Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
         engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })?;
+    ))?;
     let address = vec![server.address().to_string()];
     let mut memcached = start_memcached(args.server_cpu)?;
 

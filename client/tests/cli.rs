@@ -9,7 +9,6 @@ use std::time::Duration;
 use hydrant_client::{node_for, Client};
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::EngineConfig;
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 struct TestServer {
@@ -38,13 +37,8 @@ impl TestServer {
         engine.shards = Some(1);
         engine.arena_bytes = 16 << 20;
         let server = Server::start(ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            engine,
-            limits: Limits::default(),
             token: token.map(<[u8]>::to_vec),
-            allow_remote_without_token: false,
-            metrics: None,
-            local_socket: None,
+            ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), engine)
         })
         .expect("server starts");
         TestServer {

@@ -8,14 +8,15 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hydrant_engine::buf::IoBuf;
+use hydrant_engine::rt::net::SendParts;
 use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
 use hydrant_engine::rt::{net, spawn, time::sleep};
 use hydrant_engine::store::ObjectKey;
-use hydrant_engine::Cache;
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
+use hydrant_engine::{Cache, ReadData};
 
 use crate::metrics;
 use hydrant_proto::message::{
@@ -35,8 +36,17 @@ const PREFETCH_READS_IN_FLIGHT: usize = 16;
 /// little), at most the second.
 const RECEIVE_BYTES_MIN: usize = 4 * 1024;
 const RECEIVE_BYTES: usize = 256 * 1024;
-/// Most bytes of queued answers gathered into one send.
+/// Most bytes of queued answers gathered into one send (one answer larger than this goes alone).
 const SEND_BATCH_BYTES_MAX: usize = 1024 * 1024;
+/// Most slices (headers, payload parts) gathered into one send.
+const SEND_SLICES_MAX: usize = 256;
+/// Bytes of object data one connection may hold for its answers, from the read until the send:
+/// pipelined GETs wait for room before they read. One answer larger than this takes the whole
+/// budget, so a connection holds at most this or its one largest answer.
+const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Answers up to this size are read before their room is reserved (one hop to the owning shard
+/// instead of two); `requests_in_flight_max` of them bound what that adds.
+const ANSWER_RESERVED_AFTER_BYTES_MAX: u64 = 64 * 1024;
 /// Answers queued for a connection beyond which its requests are no longer read.
 const OUTBOX_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Requests refused before HELLO after which the connection is closed.
@@ -54,6 +64,8 @@ pub(crate) struct Policy {
     pub limits: Limits,
     pub token: Option<Vec<u8>>,
     pub allow_remote_without_token: bool,
+    /// A greeted connection silent for this long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
 }
 
 /// True when the socket's peer is on this host (127.0.0.0/8 or ::1).
@@ -114,51 +126,264 @@ struct Connection {
     /// The limits in force: the server's until HELLO, the negotiated ones after.
     limits: Cell<Limits>,
     greeted: Cell<bool>,
-    outbox: RefCell<VecDeque<Vec<u8>>>,
+    outbox: RefCell<VecDeque<OutFrame>>,
     /// Bytes queued in the outbox and not yet sent.
     outbox_bytes: Cell<usize>,
     outbox_changed: WaitQueue,
     reading_done: Cell<bool>,
+    /// When a frame last arrived or an answer was last sent (for the idle timeout).
+    last_activity: Cell<Instant>,
+    /// Requests being worked on: a permit each.
+    in_flight: Rc<Semaphore>,
+    /// Woken when reading is done, so that the deadline watcher stops early.
+    closed: WaitQueue,
+    /// Room for object bytes held by answers not yet sent.
+    answer_budget: Rc<AnswerBudget>,
+}
+
+/// Room for the object bytes a connection's answers hold, handed out in the order asked (so a
+/// large answer is not overtaken forever by small ones).
+struct AnswerBudget {
+    available: Cell<usize>,
+    /// Tickets of the reservations waiting, oldest first.
+    waiting: RefCell<VecDeque<u64>>,
+    next_ticket: Cell<u64>,
+    changed: WaitQueue,
+}
+
+/// Room reserved in an `AnswerBudget`, given back when dropped (once the answer is sent).
+struct Reservation {
+    budget: Rc<AnswerBudget>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let budget = &self.budget;
+        budget.available.set(budget.available.get() + self.bytes);
+        assert!(budget.available.get() <= ANSWER_BYTES_MAX);
+        budget.changed.wake_all();
+    }
+}
+
+/// A place in an `AnswerBudget`'s queue; leaving the queue without room (the task was dropped)
+/// lets the next one in.
+struct Ticket<'a> {
+    budget: &'a AnswerBudget,
+    number: u64,
+    served: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.served {
+            self.budget
+                .waiting
+                .borrow_mut()
+                .retain(|&number| number != self.number);
+            self.budget.changed.wake_all();
+        }
+    }
+}
+
+impl AnswerBudget {
+    fn new() -> AnswerBudget {
+        AnswerBudget {
+            available: Cell::new(ANSWER_BYTES_MAX),
+            waiting: RefCell::new(VecDeque::new()),
+            next_ticket: Cell::new(0),
+            changed: WaitQueue::new(),
+        }
+    }
+
+    /// Room for `bytes` (at most the whole budget), after every reservation asked before.
+    async fn reserve(self: &Rc<Self>, bytes: usize) -> Reservation {
+        let bytes = bytes.min(ANSWER_BYTES_MAX);
+        let mut ticket = Ticket {
+            budget: self,
+            number: self.next_ticket.get(),
+            served: false,
+        };
+        self.next_ticket.set(ticket.number + 1);
+        self.waiting.borrow_mut().push_back(ticket.number);
+        while self.waiting.borrow().front() != Some(&ticket.number) || self.available.get() < bytes
+        {
+            self.changed.wait().await;
+        }
+        self.waiting.borrow_mut().pop_front();
+        ticket.served = true;
+        self.available.set(self.available.get() - bytes);
+        // The next in line may fit too.
+        self.changed.wake_all();
+        Reservation {
+            budget: self.clone(),
+            bytes,
+        }
+    }
+}
+
+/// Bytes an answer carries, held until every frame that carries them is sent.
+struct HeldBytes {
+    body: Body,
+    _reservation: Option<Reservation>,
+}
+
+enum Body {
+    /// Where the read left them: the DRAM tier's copy or the shard's pinned buffers.
+    Read(ReadData),
+    Owned(Vec<u8>),
+}
+
+impl HeldBytes {
+    fn owned(bytes: Vec<u8>) -> HeldBytes {
+        HeldBytes {
+            body: Body::Owned(bytes),
+            _reservation: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.body {
+            Body::Read(data) => data.len(),
+            Body::Owned(bytes) => bytes.len(),
+        }
+    }
+
+    /// The bytes of `range`, as slices in order.
+    fn slices(&self, range: std::ops::Range<usize>) -> Vec<&[u8]> {
+        let parts = match &self.body {
+            Body::Read(data) => data.parts(),
+            Body::Owned(bytes) => vec![bytes.as_slice()],
+        };
+        let mut slices = Vec::with_capacity(parts.len());
+        let mut offset = 0;
+        for part in parts {
+            let (part_start, part_end) = (offset, offset + part.len());
+            offset = part_end;
+            let start = range.start.max(part_start);
+            let end = range.end.min(part_end);
+            if start < end {
+                slices.push(&part[start - part_start..end - part_start]);
+            }
+        }
+        slices
+    }
+
+    fn crc(&self, range: std::ops::Range<usize>) -> u32 {
+        self.slices(range)
+            .into_iter()
+            .fold(0, crc32c::crc32c_append)
+    }
+}
+
+/// One answer frame waiting to be sent: its header and extension, then its payload where it
+/// lies.
+struct OutFrame {
+    head: Vec<u8>,
+    payload: Option<(Rc<HeldBytes>, std::ops::Range<usize>)>,
+}
+
+impl OutFrame {
+    fn len(&self) -> usize {
+        self.head.len() + self.payload.as_ref().map_or(0, |(_, range)| range.len())
+    }
+
+    fn slice_count(&self) -> usize {
+        1 + self
+            .payload
+            .as_ref()
+            .map_or(0, |(held, range)| held.slices(range.clone()).len())
+    }
+}
+
+/// Answer frames sent together.
+struct SendBatch {
+    frames: Vec<OutFrame>,
+}
+
+// SAFETY: every slice lies on the heap, owned or shared by a frame of the batch and never
+// changed while it is held: a head is a Vec, payloads are Vecs, the DRAM tier's Rc<[u8]> (never
+// written after it is filled) or the shard's read buffers (owned by the ReadData).
+unsafe impl SendParts for SendBatch {
+    fn parts(&self) -> Vec<&[u8]> {
+        let mut parts = Vec::new();
+        for frame in &self.frames {
+            parts.push(frame.head.as_slice());
+            if let Some((held, range)) = &frame.payload {
+                parts.extend(held.slices(range.clone()));
+            }
+        }
+        parts
+    }
 }
 
 impl Connection {
-    fn queue(&self, frame: Vec<u8>) {
+    /// Nothing received, sent or worked on: no request running, no answer waiting.
+    fn is_quiet(&self) -> bool {
+        self.in_flight.available() == self.policy.limits.requests_in_flight_max as usize
+            && self.outbox_bytes.get() == 0
+    }
+
+    fn queue(&self, frame: OutFrame) {
         self.outbox_bytes.set(self.outbox_bytes.get() + frame.len());
         self.outbox.borrow_mut().push_back(frame);
         self.outbox_changed.wake_all();
     }
 
-    /// Queue the answer to `request`. A payload above the negotiated limit is streamed: the
-    /// first frame carries the extension, every frame but the last carries MORE, and the frames
-    /// are queued together so that nothing comes between them.
+    /// Queue an answer with a small payload (a reason, a listing), copied into the frame.
     fn answer(&self, request: &FrameHeader, status: Status, extension: &[u8], payload: &[u8]) {
+        let held = (!payload.is_empty()).then(|| Rc::new(HeldBytes::owned(payload.to_vec())));
+        self.answer_held(request, status, extension, held);
+    }
+
+    /// Queue the answer to `request`, its payload sent from where it lies. A payload above the
+    /// negotiated limit is streamed: the first frame carries the extension, every frame but the
+    /// last carries MORE, and the frames are queued together so that nothing comes between them.
+    fn answer_held(
+        &self,
+        request: &FrameHeader,
+        status: Status,
+        extension: &[u8],
+        payload: Option<Rc<HeldBytes>>,
+    ) {
+        let total = payload.as_ref().map_or(0, |held| held.len());
         let part_bytes = self.limits.get().payload_bytes_max as usize;
-        if payload.len() <= part_bytes {
-            self.queue(frame_bytes(
-                &FrameHeader::response(request, status as u8, extension, payload),
-                extension,
-                payload,
-            ));
-            return;
-        }
-        let parts = payload.len().div_ceil(part_bytes);
-        for (index, part) in payload.chunks(part_bytes).enumerate() {
+        let parts = total.div_ceil(part_bytes).max(1);
+        for index in 0..parts {
+            let range = index * part_bytes..((index + 1) * part_bytes).min(total);
             let part_extension = if index == 0 { extension } else { &[][..] };
-            let mut header = FrameHeader::response(request, status as u8, part_extension, part);
+            let mut header = FrameHeader::response(request, status as u8, part_extension, &[]);
+            header.payload_len = range.len() as u64;
+            if let Some(held) = &payload {
+                header.payload_crc = if range.is_empty() {
+                    0
+                } else {
+                    held.crc(range.clone())
+                };
+            }
             if index + 1 < parts {
                 header.flags = header.flags.with(FrameFlags::MORE);
             }
-            self.queue(frame_bytes(&header, part_extension, part));
+            self.queue(out_frame(&header, part_extension, payload.clone(), range));
         }
     }
 }
 
-fn frame_bytes(header: &FrameHeader, extension: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + extension.len() + payload.len());
-    frame.extend_from_slice(&header.encode());
-    frame.extend_from_slice(extension);
-    frame.extend_from_slice(payload);
-    frame
+fn out_frame(
+    header: &FrameHeader,
+    extension: &[u8],
+    payload: Option<Rc<HeldBytes>>,
+    range: std::ops::Range<usize>,
+) -> OutFrame {
+    let mut head = Vec::with_capacity(FRAME_HEADER_BYTES + extension.len());
+    head.extend_from_slice(&header.encode());
+    head.extend_from_slice(extension);
+    OutFrame {
+        head,
+        payload: payload
+            .filter(|_| !range.is_empty())
+            .map(|held| (held, range)),
+    }
 }
 
 /// Bytes received and not yet consumed.
@@ -216,6 +441,7 @@ impl Input {
 async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
     let fd = socket.as_raw_fd();
     let limits = policy.limits;
+    let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
     let connection = Rc::new(Connection {
         store,
         engine,
@@ -227,11 +453,14 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
         outbox_bytes: Cell::new(0),
         outbox_changed: WaitQueue::new(),
         reading_done: Cell::new(false),
+        last_activity: Cell::new(Instant::now()),
+        in_flight: in_flight.clone(),
+        closed: WaitQueue::new(),
+        answer_budget: Rc::new(AnswerBudget::new()),
     });
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
-    spawn(hello_deadline(connection.clone(), fd));
-    let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
+    spawn(watch_deadlines(connection.clone(), fd));
     let mut input = Input {
         socket: fd,
         bytes: Vec::new(),
@@ -247,19 +476,63 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
     }
     connection.reading_done.set(true);
     connection.outbox_changed.wake_all();
+    connection.closed.wake_all();
     writer.await;
     drop(socket);
     metrics::count(|counters| counters.connections_closed += 1);
 }
 
-/// Close a connection that has not said HELLO in time (it would hold an fd and buffers forever).
-async fn hello_deadline(connection: Rc<Connection>, socket: RawFd) {
-    sleep(Duration::from_millis(HELLO_DEADLINE_MS)).await;
+/// Close a connection that has not said HELLO in time, or that said it and then went quiet for
+/// the idle timeout (either would hold an fd and buffers forever). Returns once reading is done.
+async fn watch_deadlines(connection: Rc<Connection>, socket: RawFd) {
+    let opened = Instant::now();
+    let hello_deadline = opened + Duration::from_millis(HELLO_DEADLINE_MS);
+    let idle_timeout = connection.policy.idle_timeout;
+    loop {
+        if connection.reading_done.get() {
+            return;
+        }
+        let now = Instant::now();
+        let wake_at = if !connection.greeted.get() {
+            if now >= hello_deadline {
+                break;
+            }
+            // Look again after the idle timeout too: HELLO may come in between.
+            idle_timeout.map_or(hello_deadline, |idle| hello_deadline.min(now + idle))
+        } else {
+            let Some(idle) = idle_timeout else { return };
+            let quiet_until = connection.last_activity.get() + idle;
+            if now >= quiet_until && connection.is_quiet() {
+                break;
+            }
+            // Busy connections are looked at again one timeout later.
+            quiet_until.max(now + idle.min(Duration::from_secs(1)))
+        };
+        sleep_or_wake(wake_at - now, &connection.closed).await;
+    }
     // While reading is not done, `serve` still owns the socket, so the fd is this connection's.
-    if !connection.greeted.get() && !connection.reading_done.get() {
+    // Shutting down both directions ends the pending receive (the reader sees a clean close)
+    // and tells the peer at once; nothing is waiting to be sent when the connection is quiet.
+    if !connection.reading_done.get() {
+        log::debug!("closing a connection that went quiet or never said HELLO");
+        metrics::count(|counters| counters.connections_timed_out += 1);
         // SAFETY: shutdown on a socket fd this connection still owns.
         unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
     }
+}
+
+/// Sleep for `duration`, or less if `queue` is woken first.
+async fn sleep_or_wake(duration: Duration, queue: &WaitQueue) {
+    let mut timer = std::pin::pin!(sleep(duration));
+    let mut woken = std::pin::pin!(queue.wait());
+    std::future::poll_fn(|context| {
+        if timer.as_mut().poll(context).is_ready() || woken.as_mut().poll(context).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Decode frames until the peer closes or sends something that breaks the stream.
@@ -281,6 +554,7 @@ async fn read_loop(
         else {
             return Ok(());
         };
+        connection.last_activity.set(Instant::now());
         let header = match FrameHeader::decode(&header_bytes, &connection.limits.get()) {
             Ok(header) => header,
             Err(error) => {
@@ -515,8 +789,9 @@ async fn request(
     }
     let (ok, bytes_out) = match respond(&connection, &header, &extension, payload).await {
         Ok((extension, payload)) => {
-            connection.answer(&header, Status::Ok, &extension, &payload);
-            (true, FRAME_HEADER_BYTES + extension.len() + payload.len())
+            let payload_bytes = payload.as_ref().map_or(0, |held| held.len());
+            connection.answer_held(&header, Status::Ok, &extension, payload);
+            (true, FRAME_HEADER_BYTES + extension.len() + payload_bytes)
         }
         Err((status, message)) => {
             connection.answer(&header, status, &[], message.as_bytes());
@@ -527,7 +802,11 @@ async fn request(
     drop(permit);
 }
 
-type Answer = Result<(Vec<u8>, Vec<u8>), (Status, String)>;
+type Answer = Result<(Vec<u8>, Option<Rc<HeldBytes>>), (Status, String)>;
+
+fn owned_payload(bytes: Vec<u8>) -> Option<Rc<HeldBytes>> {
+    (!bytes.is_empty()).then(|| Rc::new(HeldBytes::owned(bytes)))
+}
 
 fn bad_request(error: ProtoError) -> (Status, String) {
     (Status::for_error(&error), error.to_string())
@@ -584,31 +863,62 @@ fn info_of(meta: &hydrant_engine::ObjectMeta) -> ObjectInfo {
     }
 }
 
+/// The bytes a read of `range` returns from an object of `object_bytes`.
+fn range_bytes(range: ByteRange, object_bytes: u64) -> u64 {
+    let end = range.end.unwrap_or(object_bytes).min(object_bytes);
+    end.saturating_sub(range.start)
+}
+
+/// What the owning shard found for a GET: the bytes (read), or only the size when the answer is
+/// large enough that room must be reserved for it first.
+enum Found {
+    Read(ObjectInfo, Vec<u8>),
+    Sized(u64),
+}
+
 /// One GET, on the shard that owns its key. With `bytes_max`, a read that would return more
-/// is refused from the object's size before anything is read.
+/// is refused from the object's size before anything is read. Room for the answer's bytes is
+/// reserved in the connection's budget before they are read when the store knows the object's
+/// size (objects read through from the origin are reserved for once read: their size is not
+/// known before). On this shard the bytes stay where the read left them; from another shard
+/// they come as a vector.
 async fn get_object(
     connection: &Connection,
     request: GetRequest,
     bytes_max: Option<u64>,
-) -> Result<(ObjectInfo, Vec<u8>), (Status, String)> {
+) -> Result<(ObjectInfo, Rc<HeldBytes>), (Status, String)> {
     let key = object_key(&request.name)?;
     let range = ByteRange {
         start: request.range_start,
         end: request.range_end,
     };
-    let found = on_owner(connection, &key.clone(), move |cache| async move {
-        if let (Some(bytes_max), Some(meta)) = (bytes_max, cache.store().head(&key)) {
-            let end = range.end.unwrap_or(meta.bytes).min(meta.bytes);
-            let wanted = end.saturating_sub(range.start);
-            if wanted > bytes_max {
-                return Err(hydrant_engine::Error::new(
-                    ErrorKind::TooLarge,
-                    format!("{wanted} bytes exceed the payload limit of {bytes_max}; get this item on its own"),
-                ));
-            }
-        }
-        let Some(read) = cache.get_parts(&key, Some(range)).await? else {
-            return Ok(None);
+    let not_found = || {
+        (
+            Status::NotFound,
+            format!("{}/{} is not stored", request.name.bucket, request.name.key),
+        )
+    };
+    let budget = &connection.answer_budget;
+    let shard = connection.engine.shard_of(&key);
+    if shard == connection.store.shard() as usize {
+        let cache = connection.store.clone();
+        let size = cache
+            .store()
+            .head(&key)
+            .map(|meta| range_bytes(range, meta.bytes));
+        check_item_size(size, bytes_max).map_err(engine_failure)?;
+        let reserved = match size {
+            Some(size) => Some(budget.reserve(size as usize).await),
+            None => None,
+        };
+        let read = cache
+            .get_parts(&key, Some(range))
+            .await
+            .map_err(engine_failure)?
+            .ok_or_else(not_found)?;
+        let reservation = match reserved {
+            Some(reservation) => reservation,
+            None => budget.reserve(read.data.len()).await,
         };
         let info = ObjectInfo {
             object_bytes: read.bytes,
@@ -616,20 +926,79 @@ async fn get_object(
             dirty: read.dirty,
             range_start: read.start,
         };
-        let (data, gathered) = read.data.into_vec();
-        // Then into the answer's frame and into the send buffer: two more copies.
-        let copied = read.copied_bytes + gathered + 2 * data.len() as u64;
-        metrics::count_copies(metrics::PATH_TCP, copied, data.len() as u64);
-        Ok(Some((info, data)))
-    })
-    .await
-    .map_err(engine_failure)?;
-    found.ok_or_else(|| {
-        (
-            Status::NotFound,
-            format!("{}/{} is not stored", request.name.bucket, request.name.key),
-        )
-    })
+        metrics::count_copies(metrics::PATH_TCP, read.copied_bytes, read.data.len() as u64);
+        let held = HeldBytes {
+            body: Body::Read(read.data),
+            _reservation: Some(reservation),
+        };
+        return Ok((info, Rc::new(held)));
+    }
+    // Another shard's key: small answers come back in one hop; a large one first says its size,
+    // then is read once its room is reserved.
+    let mut reserved = None;
+    loop {
+        let read_large = reserved.is_some();
+        let key = key.clone();
+        let found = connection
+            .engine
+            .on_shard(shard, move |cache: Rc<Cache>| async move {
+                let size = cache
+                    .store()
+                    .head(&key)
+                    .map(|meta| range_bytes(range, meta.bytes));
+                check_item_size(size, bytes_max)?;
+                if let Some(size) = size.filter(|&size| size > ANSWER_RESERVED_AFTER_BYTES_MAX) {
+                    if !read_large {
+                        return Ok(Some(Found::Sized(size)));
+                    }
+                }
+                let Some(read) = cache.get_parts(&key, Some(range)).await? else {
+                    return Ok(None);
+                };
+                let info = ObjectInfo {
+                    object_bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                    range_start: read.start,
+                };
+                // Gathered into a vector to cross to the connection's shard (a copy, counted
+                // in `gathered`, unless the bytes already were one).
+                let (data, gathered) = read.data.into_vec();
+                let copied = read.copied_bytes + gathered;
+                metrics::count_copies(metrics::PATH_TCP, copied, data.len() as u64);
+                Ok(Some(Found::Read(info, data)))
+            })
+            .await
+            .map_err(engine_failure)?
+            .ok_or_else(not_found)?;
+        match found {
+            Found::Sized(size) => reserved = Some(budget.reserve(size as usize).await),
+            Found::Read(info, data) => {
+                let reservation = match reserved {
+                    Some(reservation) => reservation,
+                    None => budget.reserve(data.len()).await,
+                };
+                let held = HeldBytes {
+                    body: Body::Owned(data),
+                    _reservation: Some(reservation),
+                };
+                return Ok((info, Rc::new(held)));
+            }
+        }
+    }
+}
+
+/// Refuse a batch item whose answer would exceed `bytes_max`, from its size.
+fn check_item_size(size: Option<u64>, bytes_max: Option<u64>) -> hydrant_engine::Result<()> {
+    match (size, bytes_max) {
+        (Some(size), Some(bytes_max)) if size > bytes_max => Err(hydrant_engine::Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "{size} bytes exceed the payload limit of {bytes_max}; get this item on its own"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// BATCH_GET: every item answered by a frame of its own, as it completes (or in request order
@@ -694,36 +1063,47 @@ fn answer_item(
     connection: &Connection,
     request: &FrameHeader,
     index: usize,
-    result: Result<(ObjectInfo, Vec<u8>), (Status, String)>,
+    result: Result<(ObjectInfo, Rc<HeldBytes>), (Status, String)>,
     answered: &Cell<usize>,
     total: usize,
 ) {
     answered.set(answered.get() + 1);
     let payload_max = connection.limits.get().payload_bytes_max;
     let result = match result {
-        Ok((_, data)) if data.len() as u64 > payload_max => Err((
+        Ok((_, held)) if held.len() as u64 > payload_max => Err((
             Status::TooLarge,
             format!(
                 "{} bytes exceed the payload limit of {payload_max}; get this item on its own",
-                data.len()
+                held.len()
             ),
         )),
         other => other,
     };
     let (status, info, payload) = match result {
-        Ok((info, data)) => (Status::Ok, Some(info), data),
-        Err((status, message)) => (status, None, message.into_bytes()),
+        Ok((info, held)) => (Status::Ok, Some(info), held),
+        Err((status, message)) => (
+            status,
+            None,
+            Rc::new(HeldBytes::owned(message.into_bytes())),
+        ),
     };
     let extension = BatchItem {
         item: index as u32,
         info,
     }
     .encode();
-    let mut header = FrameHeader::response(request, status as u8, &extension, &payload);
+    let range = 0..payload.len();
+    let mut header = FrameHeader::response(request, status as u8, &extension, &[]);
+    header.payload_len = range.len() as u64;
+    header.payload_crc = if range.is_empty() {
+        0
+    } else {
+        payload.crc(range.clone())
+    };
     if answered.get() < total {
         header.flags = header.flags.with(FrameFlags::MORE);
     }
-    connection.queue(frame_bytes(&header, &extension, &payload));
+    connection.queue(out_frame(&header, &extension, Some(payload), range));
 }
 
 async fn respond(
@@ -733,11 +1113,11 @@ async fn respond(
     payload: Vec<u8>,
 ) -> Answer {
     match header.opcode {
-        Opcode::Ping => Ok((Vec::new(), Vec::new())),
+        Opcode::Ping => Ok((Vec::new(), None)),
         Opcode::Get => {
             let request = GetRequest::decode(extension).map_err(bad_request)?;
             let (info, data) = get_object(connection, request, None).await?;
-            Ok((info.encode(), data))
+            Ok((info.encode(), Some(data)))
         }
         Opcode::Put => {
             let request = PutRequest::decode(extension).map_err(bad_request)?;
@@ -754,7 +1134,7 @@ async fn respond(
             .await
             .map_err(engine_failure)?;
             let info = info_of(&meta);
-            Ok((info.encode(), Vec::new()))
+            Ok((info.encode(), None))
         }
         Opcode::Head => {
             let name = ObjectName::decode(extension).map_err(bad_request)?;
@@ -767,7 +1147,7 @@ async fn respond(
             match meta {
                 Some(meta) => {
                     let info = info_of(&meta);
-                    Ok((info.encode(), Vec::new()))
+                    Ok((info.encode(), None))
                 }
                 None => Err((
                     Status::NotFound,
@@ -784,7 +1164,7 @@ async fn respond(
             .await
             .map_err(engine_failure)?;
             if existed {
-                Ok((Vec::new(), Vec::new()))
+                Ok((Vec::new(), None))
             } else {
                 Err((
                     Status::NotFound,
@@ -796,7 +1176,7 @@ async fn respond(
             let text = metrics::gather(&connection.engine)
                 .await
                 .map_err(engine_failure)?;
-            Ok((Vec::new(), text.into_bytes()))
+            Ok((Vec::new(), owned_payload(text.into_bytes())))
         }
         Opcode::List => {
             let request = ListRequest::decode(extension).map_err(bad_request)?;
@@ -820,7 +1200,7 @@ async fn respond(
                     dirty: meta.dirty,
                 })
                 .collect();
-            Ok((Vec::new(), ListEntries { entries }.encode()))
+            Ok((Vec::new(), owned_payload(ListEntries { entries }.encode())))
         }
         Opcode::Prefetch => {
             let request = PrefetchRequest::decode(extension).map_err(bad_request)?;
@@ -834,7 +1214,7 @@ async fn respond(
                 )
                 .await
                 .map_err(engine_failure)?;
-            Ok((PrefetchResult { objects, bytes }.encode(), Vec::new()))
+            Ok((PrefetchResult { objects, bytes }.encode(), None))
         }
         Opcode::Flush => {
             let request = FlushRequest::decode(extension).map_err(bad_request)?;
@@ -847,7 +1227,7 @@ async fn respond(
                 )
                 .await
                 .map_err(engine_failure)?;
-            Ok((Vec::new(), Vec::new()))
+            Ok((Vec::new(), None))
         }
         other => Err((
             Status::Unsupported,
@@ -856,42 +1236,41 @@ async fn respond(
     }
 }
 
-/// Send queued answers, several per send, until reading is done and the queue is empty.
+/// Send queued answers, several per send (each from where its bytes lie), until reading is
+/// done and the queue is empty.
 async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
-    let mut spare: Option<IoBuf> = None;
     loop {
-        let batch: Vec<Vec<u8>> = {
+        let batch = {
             let mut outbox = connection.outbox.borrow_mut();
             let mut bytes = 0;
-            let mut batch = Vec::new();
+            let mut slices = 0;
+            let mut frames = Vec::new();
             while let Some(frame) = outbox.front() {
-                if !batch.is_empty() && bytes + frame.len() > SEND_BATCH_BYTES_MAX {
+                let frame_slices = frame.slice_count();
+                if !frames.is_empty()
+                    && (bytes + frame.len() > SEND_BATCH_BYTES_MAX
+                        || slices + frame_slices > SEND_SLICES_MAX)
+                {
                     break;
                 }
                 bytes += frame.len();
-                batch.push(outbox.pop_front().expect("front exists"));
+                slices += frame_slices;
+                frames.push(outbox.pop_front().expect("front exists"));
             }
-            batch
+            SendBatch { frames }
         };
-        if batch.is_empty() {
+        if batch.frames.is_empty() {
             if connection.reading_done.get() {
                 return;
             }
             connection.outbox_changed.wait().await;
             continue;
         }
-        let total: usize = batch.iter().map(Vec::len).sum();
-        let mut buf = match spare.take() {
-            Some(buf) if buf.capacity() >= total => buf,
-            _ => IoBuf::heap(total),
-        };
-        buf.set_len(total);
-        let mut offset = 0;
-        for frame in &batch {
-            buf.as_mut_slice()[offset..offset + frame.len()].copy_from_slice(frame);
-            offset += frame.len();
-        }
-        let (sent, buf) = net::send_all(socket, buf).await;
+        let total: usize = batch.frames.iter().map(OutFrame::len).sum();
+        let (sent, batch) = net::send_parts(socket, Box::new(batch)).await;
+        // The answers' bytes (and their room in the budget) go back now.
+        drop(batch);
+        connection.last_activity.set(Instant::now());
         connection
             .outbox_bytes
             .set(connection.outbox_bytes.get() - total);
@@ -904,7 +1283,5 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
             }
         }
         connection.outbox_changed.wake_all();
-        // Keep a modest buffer for the next answers; give a large one back.
-        spare = (buf.capacity() <= RECEIVE_BYTES).then_some(buf);
     }
 }

@@ -12,6 +12,7 @@ pub mod metrics;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
 
 use hydrant_engine::rt::{block_on, net};
 use hydrant_engine::{Engine, EngineConfig};
@@ -33,6 +34,30 @@ pub struct ServerConfig {
     /// Serve the same-host path on this Unix domain socket (default none; docs/protocol.md,
     /// "Same-host path").
     pub local_socket: Option<std::path::PathBuf>,
+    /// A connection that has said HELLO and then neither sends a frame nor waits for an answer
+    /// for this long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+/// How long a greeted connection may stay silent by default.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+
+impl ServerConfig {
+    /// A server on `listen` over `engine` with every other setting at its default: the default
+    /// limits, no token (loopback clients only), no metrics endpoint, no same-host socket, and
+    /// the default idle timeout.
+    pub fn new(listen: SocketAddr, engine: EngineConfig) -> ServerConfig {
+        ServerConfig {
+            listen,
+            engine,
+            limits: Limits::default(),
+            token: None,
+            allow_remote_without_token: false,
+            metrics: None,
+            local_socket: None,
+            idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+        }
+    }
 }
 
 /// A running server.
@@ -144,6 +169,7 @@ impl Server {
             limits: config.limits,
             token: config.token.clone(),
             allow_remote_without_token: config.allow_remote_without_token,
+            idle_timeout: config.idle_timeout,
         };
         for (shard, listener) in listeners.iter().enumerate() {
             let fd = listener.as_raw_fd();

@@ -77,6 +77,10 @@ struct Arguments {
     /// memory region instead of crossing a socket (docs/protocol.md, "Same-host path").
     #[arg(long, env = "HYDRANT_LOCAL_SOCKET")]
     local_socket: Option<PathBuf>,
+    /// Close a connection that said HELLO and then stays silent this long (nothing received,
+    /// no request running, no answer being sent): 500ms, 30s, 5m, 2h; 0 never. Default 300s.
+    #[arg(long, env = "HYDRANT_IDLE_TIMEOUT")]
+    idle_timeout: Option<String>,
 }
 
 /// The settings a `--config` file may hold.
@@ -97,6 +101,7 @@ struct ConfigFile {
     dram_bytes: Option<String>,
     admission_bytes_per_second: Option<String>,
     local_socket: Option<PathBuf>,
+    idle_timeout: Option<String>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -136,6 +141,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         .admission_bytes_per_second
         .or(file.admission_bytes_per_second);
     arguments.local_socket = arguments.local_socket.or(file.local_socket);
+    arguments.idle_timeout = arguments.idle_timeout.or(file.idle_timeout);
     Ok(arguments)
 }
 
@@ -349,6 +355,19 @@ fn main() -> ExitCode {
         },
         None => None,
     };
+    let idle_timeout = match arguments
+        .idle_timeout
+        .as_deref()
+        .map(origin::parse_duration)
+    {
+        None => Some(hydrant_server::IDLE_TIMEOUT_DEFAULT),
+        Some(Ok(duration)) if duration.is_zero() => None,
+        Some(Ok(duration)) => Some(duration),
+        Some(Err(error)) => {
+            eprintln!("hydrant-server: --idle-timeout: {error}");
+            return ExitCode::from(2);
+        }
+    };
     raise_open_files_limit();
     let signals = block_stop_signals();
     let server = match Server::start(ServerConfig {
@@ -359,6 +378,7 @@ fn main() -> ExitCode {
         allow_remote_without_token: arguments.allow_remote_without_token,
         metrics: arguments.metrics,
         local_socket: arguments.local_socket.clone(),
+        idle_timeout,
     }) {
         Ok(server) => server,
         Err(error) => {

@@ -22,13 +22,15 @@ pub struct ServerCounters {
     pub bytes_out: u64,
     pub connections_opened: u64,
     pub connections_closed: u64,
+    /// Connections closed for saying no HELLO in time or for going quiet past the idle timeout.
+    pub connections_timed_out: u64,
     /// Per opcode: counts per bucket of LATENCY_BUCKETS_US, then +Inf; and the sum in µs.
     pub latency_buckets: [[u64; 9]; 16],
     pub latency_sum_us: [u64; 16],
     /// Object bytes copied by the CPU on the way to a client, per path (`PATH_LOCAL`,
     /// `PATH_TCP`): in the engine (gathering parts, DRAM fills) and in the server (into the
-    /// shared region; into frames and the send buffer). The kernel's socket copies are not
-    /// counted (two more per byte on TCP: send and receive).
+    /// shared region; on TCP, into a vector when a key of another shard crosses threads). The
+    /// kernel's socket copies are not counted (two more per byte on TCP: send and receive).
     pub copied_bytes: [u64; 2],
     /// Object bytes delivered to clients, per path.
     pub delivered_bytes: [u64; 2],
@@ -255,7 +257,7 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
         }
     }
     type CounterField = fn(&ServerCounters) -> u64;
-    let server_metrics: [(&str, &str, CounterField); 5] = [
+    let server_metrics: [(&str, &str, CounterField); 6] = [
         (
             "hydrant_request_errors_total",
             "Requests answered with an error status.",
@@ -280,6 +282,11 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
             "hydrant_connections_closed_total",
             "Connections closed.",
             |counters| counters.connections_closed,
+        ),
+        (
+            "hydrant_connections_timed_out_total",
+            "Connections closed for sending no HELLO in time or staying idle past the idle timeout.",
+            |counters| counters.connections_timed_out,
         ),
     ];
     for (name, help, field) in server_metrics {

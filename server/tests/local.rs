@@ -467,8 +467,13 @@ fn nvme_reads_land_with_no_cpu_copy_and_tcp_counts_its_copies() {
     let tcp_copied = server.metric("hydrant_copied_bytes_total{path=\"tcp\"}");
     let tcp_delivered = server.metric("hydrant_delivered_bytes_total{path=\"tcp\"}");
     assert_eq!(tcp_delivered, data.len() as u64);
-    // Gathering the parts, the answer frame, the send buffer (the kernel's copies come on top).
-    assert_eq!(tcp_copied, 3 * tcp_delivered);
+    // The answer is sent from the read buffers themselves when the connection's shard owns the
+    // key; from another shard the parts are gathered into one vector to cross threads. The
+    // kernel's copies come on top.
+    assert!(
+        tcp_copied == 0 || tcp_copied == tcp_delivered,
+        "{tcp_copied} bytes copied for {tcp_delivered} delivered"
+    );
 }
 
 /// Where the pip wheel nvidia-cuda-runtime-cu12 put libcudart.so.12, if it is installed.

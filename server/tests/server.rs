@@ -736,3 +736,129 @@ fn a_config_file_sets_what_flags_do_not() {
     );
     let _ = std::fs::remove_dir_all(&directory);
 }
+
+#[test]
+fn a_greeted_connection_that_goes_quiet_is_closed_while_an_active_one_is_served() {
+    let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idle-config-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).unwrap();
+    let config = directory.join("hydrant.toml");
+    std::fs::write(&config, "idle_timeout = \"1s\"\n").unwrap();
+    let server = ServerProcess::start_with("idle-timeout", &["--config", config.to_str().unwrap()]);
+    let mut quiet = server.connect();
+    hello(&mut quiet);
+    let greeted = std::time::Instant::now();
+    let quiet_reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let read = quiet.read_to_end(&mut rest);
+        (read.map_err(|error| error.to_string()), greeted.elapsed())
+    });
+    // The active connection asks something every 200 ms for three times the timeout.
+    let mut active = server.connect();
+    hello(&mut active);
+    for request_id in 2..17 {
+        send(&mut active, Opcode::Ping, request_id, &[], &[]);
+        let answer = receive(&mut active);
+        assert_eq!(status(&answer), Status::Ok);
+        assert_eq!(answer.header.request_id, request_id);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (read, quiet_for) = quiet_reader.join().unwrap();
+    assert_eq!(read, Ok(0), "the quiet connection was closed cleanly");
+    assert!(
+        quiet_for >= Duration::from_millis(900),
+        "closed after {quiet_for:?}, before its timeout"
+    );
+    send(&mut active, Opcode::Ping, 99, &[], &[]);
+    assert_eq!(
+        status(&receive(&mut active)),
+        Status::Ok,
+        "the active connection outlived the quiet one"
+    );
+    send(&mut active, Opcode::Stats, 100, &[], &[]);
+    let metrics = String::from_utf8(receive(&mut active).payload).unwrap();
+    let timed_out: u64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("hydrant_connections_timed_out_total{"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(timed_out, 1, "one connection timed out:\n{metrics}");
+    let _ = std::fs::remove_dir_all(&directory);
+}
+
+#[test]
+fn pipelined_large_gets_to_a_slow_reader_hold_bounded_memory() {
+    // About the largest object a shard of the test's 512 MiB data file takes.
+    const OBJECT_BYTES: usize = 30 << 20;
+    const GETS: u64 = 64;
+    let server = ServerProcess::start("large-gets");
+    let object = pattern(64, OBJECT_BYTES);
+    let mut client = hydrant_client::Client::connect(
+        std::slice::from_ref(&server.address),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    client.put("data", "large", &object).unwrap();
+    drop(client);
+    let pid = server.child.id();
+    let before = resident_bytes(pid);
+
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let get = GetRequest {
+        name: name("large"),
+        range_start: 0,
+        range_end: None,
+    };
+    let mut requests = Vec::new();
+    for request_id in 100..100 + GETS {
+        let header = FrameHeader::new(Opcode::Get, request_id, &get.encode(), 0, 0);
+        requests.extend_from_slice(&header.encode());
+        requests.extend_from_slice(&get.encode());
+    }
+    stream.write_all(&requests).unwrap();
+
+    // Read slowly: a frame at a time with a pause, noting the server's memory as it goes.
+    let mut peak = before;
+    let mut answered = Vec::new();
+    let mut answer: Vec<u8> = Vec::new();
+    let mut frames = 0u64;
+    while (answered.len() as u64) < GETS {
+        let frame = receive(&mut stream);
+        assert_eq!(status(&frame), Status::Ok);
+        if answer.is_empty() {
+            let info = ObjectInfo::decode(&frame.extension).unwrap();
+            assert_eq!(info.object_bytes, OBJECT_BYTES as u64);
+        }
+        answer.extend_from_slice(&frame.payload);
+        frames += 1;
+        if frames.is_multiple_of(2) {
+            std::thread::sleep(Duration::from_millis(20));
+            peak = peak.max(resident_bytes(pid));
+        }
+        if !frame.header.flags.contains(hydrant_proto::FrameFlags::MORE) {
+            assert!(
+                answer == object,
+                "answer {} differs",
+                frame.header.request_id
+            );
+            answered.push(frame.header.request_id);
+            answer.clear();
+        }
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, (100..100 + GETS).collect::<Vec<u64>>());
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "{GETS} pipelined GETs of {} MiB: the server grew by at most {} MiB",
+        OBJECT_BYTES >> 20,
+        grown >> 20
+    );
+    // Unbounded, the server would hold every answer at once: 2 GiB, and more for copies.
+    assert!(
+        grown < 512 << 20,
+        "the server grew by {} MiB while answering",
+        grown >> 20
+    );
+}

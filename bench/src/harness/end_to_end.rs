@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
 use super::checkpoint::{checkpoint, CheckpointArgs};
@@ -42,15 +41,10 @@ fn start_server(directory: &std::path::Path) -> Server {
     )]);
     engine.shards = Some(1);
     engine.format = FormatPolicy::Always;
-    Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
+    Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
         engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })
+    ))
     .expect("server starts")
 }
 

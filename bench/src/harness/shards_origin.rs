@@ -21,7 +21,6 @@ use hydrant_engine::{
     BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
 };
 use hydrant_fault_proxy::{Method, ProxyHandle};
-use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
@@ -229,15 +228,10 @@ fn start_hydrant(args: &ShardsArgs, bucket: &str) -> Result<Server, String> {
         },
     );
     engine.origins = Some(origins);
-    Server::start(ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("address"),
+    Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
         engine,
-        limits: Limits::default(),
-        token: None,
-        allow_remote_without_token: false,
-        metrics: None,
-        local_socket: None,
-    })
+    ))
 }
 
 /// One reader's fetch straight from the origin: a whole-object GET, the reader's thread blocked

@@ -168,3 +168,95 @@ pub async fn send_all(socket: RawFd, buf: IoBuf) -> (io::Result<()>, IoBuf) {
     }
     (Ok(()), buf)
 }
+
+/// Bytes sent from where they lie, without gathering them into one buffer first: a list of
+/// slices. The slices must stay valid, at the same addresses and unchanged, for as long as the
+/// value lives: they lie in memory the value owns on the heap (or shares, as an `Rc<[u8]>`),
+/// never inside the value itself, which moves when it is boxed.
+///
+/// # Safety
+///
+/// `parts` must return the same slices every time it is called, each pointing into memory
+/// that the value keeps alive and unchanged until it is dropped.
+pub unsafe trait SendParts: 'static {
+    /// The bytes, in the order they are sent.
+    fn parts(&self) -> Vec<&[u8]>;
+}
+
+/// Most slices one `sendmsg` carries (the kernel's IOV_MAX is 1024).
+pub const SEND_PARTS_MAX: usize = 1024;
+
+/// What the ring holds during a gathered send: the parts, the iovecs into them and the message
+/// header that points at the iovecs, all on the heap.
+struct GatheredSend<T> {
+    parts: Box<T>,
+    iovecs: Vec<libc::iovec>,
+    message: libc::msghdr,
+}
+
+/// Send every byte of `parts` with as few `sendmsg` calls as the kernel allows (looping over
+/// partial sends). At most `SEND_PARTS_MAX` slices.
+pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Result<()>, Box<T>) {
+    let iovecs: Vec<libc::iovec> = parts
+        .parts()
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .map(|part| libc::iovec {
+            iov_base: part.as_ptr() as *mut libc::c_void,
+            iov_len: part.len(),
+        })
+        .collect();
+    assert!(
+        iovecs.len() <= SEND_PARTS_MAX,
+        "{} slices in one send",
+        iovecs.len()
+    );
+    // SAFETY: msghdr is plain data; the zeroed fields mean no address and no control data.
+    let message: libc::msghdr = unsafe { std::mem::zeroed() };
+    let mut gathered = Box::new(GatheredSend {
+        parts,
+        iovecs,
+        message,
+    });
+    let mut first = 0;
+    while first < gathered.iovecs.len() {
+        let send = &mut *gathered;
+        send.message.msg_iov = send.iovecs[first..].as_mut_ptr();
+        send.message.msg_iovlen = send.iovecs.len() - first;
+        let entry = opcode::SendMsg::new(types::Fd(socket), &send.message)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build();
+        // SAFETY (of the entry's pointers): the message header, the iovecs and the bytes they
+        // point into live in `gathered`, a heap allocation that the ring keeps (and that does
+        // not move) until the completion arrives; `SendParts` promises the bytes stay put.
+        let (result, keep) = submit_socket(entry, Keep::Owned(gathered)).await;
+        gathered = match keep {
+            Keep::Owned(owned) => owned
+                .downcast::<GatheredSend<T>>()
+                .expect("a gathered send comes back as it went"),
+            _ => unreachable!("a gathered send came back without its parts"),
+        };
+        let mut sent = match result {
+            Ok(0) => {
+                let error = io::Error::new(io::ErrorKind::WriteZero, "the peer stopped reading");
+                return (Err(error), gathered.parts);
+            }
+            Ok(count) => count as usize,
+            Err(error) => return (Err(error), gathered.parts),
+        };
+        // Skip what went out; a partly sent slice continues where it stopped.
+        while sent > 0 {
+            let iovec = &mut gathered.iovecs[first];
+            if sent >= iovec.iov_len {
+                sent -= iovec.iov_len;
+                first += 1;
+            } else {
+                // SAFETY: `sent` is less than the slice's length, so the pointer stays inside it.
+                iovec.iov_base = unsafe { iovec.iov_base.cast::<u8>().add(sent) }.cast();
+                iovec.iov_len -= sent;
+                sent = 0;
+            }
+        }
+    }
+    (Ok(()), gathered.parts)
+}

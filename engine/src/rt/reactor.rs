@@ -51,6 +51,9 @@ pub enum Keep {
     External(crate::buf::ExternalBuf),
     /// A vectored read: the iovecs and every buffer they point into.
     Vectored(Box<Vectored>),
+    /// Anything else the operation's pointers lead into (a gathered send: its parts, the iovec
+    /// array and the message header), boxed so that it does not move while the kernel holds it.
+    Owned(Box<dyn std::any::Any>),
 }
 
 /// Slots of a ring's fixed-buffer table for memory outside the arena (same-host regions): slot 0
@@ -79,7 +82,7 @@ impl Keep {
         match self {
             Keep::Buf(buf) => buf,
             Keep::Vectored(vectored) => vectored.buf,
-            Keep::Nothing | Keep::External(_) => {
+            Keep::Nothing | Keep::External(_) | Keep::Owned(_) => {
                 unreachable!("a buffer operation came back without its buffer")
             }
         }
