@@ -119,15 +119,29 @@ impl SharedClient {
         node_for(&self.inner.addresses, bucket, key)
     }
 
-    /// Run `operation` on a connection to the node that owns (bucket, key), with retries.
+    /// Run `operation` on a connection to the node that owns (bucket, key), with retries: on
+    /// the owning shard's own port when the node offers the shard-aware path (the request then
+    /// skips the hop between the server's cores), else on any connection to the node; a shard
+    /// port that cannot be reached falls back to the node's.
     fn on_owner<T>(
         &self,
         bucket: &str,
         key: &str,
-        operation: impl FnMut(&mut Connection) -> Result<T>,
+        mut operation: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
         let index = self.owner(bucket, key);
-        self.inner.on_node(index, &self.inner.policy, operation)
+        let node = &self.inner.pools[index];
+        let Some(shard) = node.shard_pool(bucket, key) else {
+            return self.inner.on_node(index, &self.inner.policy, operation);
+        };
+        retrying(&self.inner.policy, &self.inner.retries, || {
+            let mut connection = match shard.take() {
+                Ok(connection) => connection,
+                Err(_) => node.take()?,
+            };
+            let address = &connection.pool_address().to_string();
+            operation(&mut connection).map_err(|error| error.at(address))
+        })
     }
 
     pub fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectInfo> {

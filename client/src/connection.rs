@@ -33,6 +33,10 @@ pub(crate) struct PipelinedRequest<'a> {
 pub(crate) struct Connection {
     stream: TcpStream,
     pub(crate) limits: Limits,
+    /// From HELLO: the server's shards and each shard's own port (empty: none offered).
+    pub(crate) shard_count: u16,
+    pub(crate) placement_hash: u32,
+    pub(crate) shard_ports: Vec<u16>,
     next_request_id: u64,
     request_timeout: Duration,
     /// An I/O or protocol error left the connection out of step: it must not be used again.
@@ -59,6 +63,9 @@ impl Connection {
         let mut connection = Connection {
             stream,
             limits: Limits::default(),
+            shard_count: 1,
+            placement_hash: 0,
+            shard_ports: Vec::new(),
             next_request_id: 1,
             request_timeout,
             broken: false,
@@ -75,6 +82,9 @@ impl Connection {
             greeting = HelloResponse::decode(&answer.extension)?;
         }
         connection.limits = greeting.limits;
+        connection.shard_count = greeting.shard_count;
+        connection.placement_hash = greeting.placement_hash;
+        connection.shard_ports = greeting.shard_ports;
         connection.set_answer_timeout(Some(request_timeout))?;
         connection.stream.set_write_timeout(Some(request_timeout))?;
         Ok(connection)

@@ -26,6 +26,22 @@ pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
         .expect("at least one node")
 }
 
+/// The shard of a node that owns (bucket, key) under the server's placement hash 1 (as HELLO
+/// tells): CRC32C(bucket ‖ 0x00 ‖ key) mod shards. `None` for a hash this client does not know.
+pub(crate) fn shard_for(
+    placement_hash: u32,
+    shards: u16,
+    bucket: &str,
+    key: &str,
+) -> Option<usize> {
+    if placement_hash != 1 || shards == 0 {
+        return None;
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(bucket.as_bytes()), &[0]);
+    let crc = crc32c::crc32c_append(crc, key.as_bytes());
+    Some((crc % shards as u32) as usize)
+}
+
 /// The PREFETCH requests for `bucket/prefix`, each with the node (index) it goes to. With one
 /// node, a single request naming only the prefix: the node lists it itself. With several,
 /// `owned[node]` holds the listed keys that node owns, sent at most `PREFETCH_KEYS_MAX` at a

@@ -2,7 +2,7 @@
 //! batch) and gives it back; at most `max_connections_per_node` are open at once.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::connection::Connection;
@@ -17,6 +17,16 @@ pub(crate) struct NodePool {
     state: Mutex<PoolState>,
     /// Signalled when a connection is given back or closed.
     returned: Condvar,
+    /// The shard-aware path: a pool per shard of this node, on the ports its HELLO told, set
+    /// from the first connection opened (`None` when the node offers none). Shard pools have
+    /// none of their own.
+    shards: OnceLock<Option<ShardPools>>,
+    shard_aware: bool,
+}
+
+pub(crate) struct ShardPools {
+    placement_hash: u32,
+    pools: Vec<NodePool>,
 }
 
 struct PoolState {
@@ -52,7 +62,57 @@ impl NodePool {
                 open: 0,
             }),
             returned: Condvar::new(),
+            shards: OnceLock::new(),
+            shard_aware: true,
         }
+    }
+
+    /// The pool of the shard that owns (bucket, key) on this node, when the node offered
+    /// shard ports and a connection to it has been opened (`warm` opens one).
+    pub(crate) fn shard_pool(&self, bucket: &str, key: &str) -> Option<&NodePool> {
+        let shards = self.shards.get()?.as_ref()?;
+        let shard = crate::placement::shard_for(
+            shards.placement_hash,
+            shards.pools.len() as u16,
+            bucket,
+            key,
+        )?;
+        shards.pools.get(shard)
+    }
+
+    /// Learn the node's shard ports from a connection's HELLO, once.
+    fn learn_shards(&self, connection: &Connection) {
+        if !self.shard_aware || self.shards.get().is_some() {
+            return;
+        }
+        let shards = (connection.shard_ports.len() == connection.shard_count as usize
+            && !connection.shard_ports.is_empty())
+        .then(|| {
+            // The same host, the shard's port: "host:port" or "[v6]:port".
+            let host = self
+                .address
+                .rsplit_once(':')
+                .map_or(self.address.as_str(), |(host, _)| host);
+            ShardPools {
+                placement_hash: connection.placement_hash,
+                pools: connection
+                    .shard_ports
+                    .iter()
+                    .map(|port| {
+                        let mut pool = NodePool::new(
+                            &format!("{host}:{port}"),
+                            self.token.as_deref(),
+                            self.connect_timeout,
+                            self.request_timeout,
+                            self.connections_max,
+                        );
+                        pool.shard_aware = false;
+                        pool
+                    })
+                    .collect(),
+            }
+        });
+        let _ = self.shards.set(shards);
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -76,7 +136,10 @@ impl NodePool {
                 state.open += 1;
                 drop(state);
                 return match self.open_connection() {
-                    Ok(connection) => Ok(self.pooled(connection)),
+                    Ok(connection) => {
+                        self.learn_shards(&connection);
+                        Ok(self.pooled(connection))
+                    }
                     Err(error) => {
                         self.closed();
                         Err(error)
@@ -140,6 +203,13 @@ impl NodePool {
     fn closed(&self) {
         self.lock().open -= 1;
         self.returned.notify_all();
+    }
+}
+
+impl PooledConnection<'_> {
+    /// The address of the pool it came from.
+    pub(crate) fn pool_address(&self) -> &str {
+        &self.pool.address
     }
 }
 

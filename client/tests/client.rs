@@ -530,6 +530,7 @@ fn serve_script(mut stream: TcpStream, script: Script, gets: &AtomicU64) {
                     auth_required: false,
                     shard_count: 1,
                     placement_hash: 1,
+                    shard_ports: Vec::new(),
                 };
                 answer_frame(&header, Status::Ok, &greeting.encode(), &[])
             }

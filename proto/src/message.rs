@@ -88,6 +88,10 @@ pub struct HelloResponse {
     pub shard_count: u16,
     /// 1 = CRC32C(bucket ‖ 0x00 ‖ key) mod shard_count.
     pub placement_hash: u32,
+    /// The shard-aware path: for each shard in order, a TCP port on the address the client
+    /// connected to whose connections that shard serves itself (requests for its keys skip the
+    /// hop between shards). Empty when the server offers none; else `shard_count` ports.
+    pub shard_ports: Vec<u16>,
 }
 
 impl Message for HelloResponse {
@@ -98,6 +102,10 @@ impl Message for HelloResponse {
         writer.u8(u8::from(self.auth_required));
         writer.u16(self.shard_count);
         writer.u32(self.placement_hash);
+        writer.u16(self.shard_ports.len() as u16);
+        for port in &self.shard_ports {
+            writer.u16(*port);
+        }
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -113,13 +121,27 @@ impl Message for HelloResponse {
         if shard_count == 0 {
             return Err(ProtoError::Malformed("no shards"));
         }
+        let placement_hash = reader.u32()?;
+        let ports = reader.u16()?;
+        if ports != 0 && ports != shard_count {
+            return Err(ProtoError::Malformed(
+                "shard ports are neither none nor one per shard",
+            ));
+        }
+        let shard_ports = (0..ports)
+            .map(|_| reader.u16())
+            .collect::<Result<Vec<u16>, ProtoError>>()?;
+        if shard_ports.contains(&0) {
+            return Err(ProtoError::Malformed("a shard port is 0"));
+        }
         Ok(HelloResponse {
             version,
             limits,
             server_nonce,
             auth_required,
             shard_count,
-            placement_hash: reader.u32()?,
+            placement_hash,
+            shard_ports,
         })
     }
 }
@@ -480,8 +502,24 @@ mod tests {
             auth_required: true,
             shard_count: 2,
             placement_hash: 1,
+            shard_ports: vec![7701, 7702],
         };
-        assert_eq!(HelloResponse::decode(&answer.encode()), Ok(answer));
+        assert_eq!(HelloResponse::decode(&answer.encode()), Ok(answer.clone()));
+        let none = HelloResponse {
+            shard_ports: Vec::new(),
+            ..answer.clone()
+        };
+        assert_eq!(HelloResponse::decode(&none.encode()), Ok(none));
+        let wrong_count = HelloResponse {
+            shard_ports: vec![7701],
+            ..answer.clone()
+        };
+        assert!(HelloResponse::decode(&wrong_count.encode()).is_err());
+        let port_zero = HelloResponse {
+            shard_ports: vec![7701, 0],
+            ..answer
+        };
+        assert!(HelloResponse::decode(&port_zero.encode()).is_err());
         let get = GetRequest {
             name: name(),
             range_start: 10,

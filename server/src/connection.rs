@@ -66,6 +66,8 @@ pub(crate) struct Policy {
     pub allow_remote_without_token: bool,
     /// A greeted connection silent for this long is closed (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Each shard's own port, told in HELLO (the shard-aware path); empty when there are none.
+    pub shard_ports: std::sync::Arc<[u16]>,
 }
 
 /// True when the socket's peer is on this host (127.0.0.0/8 or ::1).
@@ -767,6 +769,7 @@ fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) -> boo
         auth_required,
         shard_count: connection.engine.shard_count() as u16,
         placement_hash: 1,
+        shard_ports: connection.policy.shard_ports.to_vec(),
     };
     connection.answer(header, Status::Ok, &response.encode(), &[]);
     true
@@ -849,6 +852,7 @@ where
     if shard == connection.store.shard() as usize {
         call(connection.store.clone()).await
     } else {
+        metrics::count(|counters| counters.requests_forwarded += 1);
         connection.engine.on_shard(shard, call).await
     }
 }
@@ -935,6 +939,7 @@ async fn get_object(
     }
     // Another shard's key: small answers come back in one hop; a large one first says its size,
     // then is read once its room is reserved.
+    metrics::count(|counters| counters.requests_forwarded += 1);
     let mut reserved = None;
     loop {
         let read_large = reserved.is_some();

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// A connection that has said HELLO and then neither sends a frame nor waits for an answer
     /// for this long is closed (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Listen on a port of its own for each shard, told to clients in HELLO (the shard-aware
+    /// path).
+    pub shard_ports: bool,
 }
 
 /// How long a greeted connection may stay silent by default.
@@ -44,8 +47,8 @@ pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 
 impl ServerConfig {
     /// A server on `listen` over `engine` with every other setting at its default: the default
-    /// limits, no token (loopback clients only), no metrics endpoint, no same-host socket, and
-    /// the default idle timeout.
+    /// limits, no token (loopback clients only), no metrics endpoint, no same-host socket, the
+    /// default idle timeout and a port per shard.
     pub fn new(listen: SocketAddr, engine: EngineConfig) -> ServerConfig {
         ServerConfig {
             listen,
@@ -56,6 +59,7 @@ impl ServerConfig {
             metrics: None,
             local_socket: None,
             idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
+            shard_ports: true,
         }
     }
 }
@@ -156,6 +160,22 @@ impl Server {
                     .map_err(|error| format!("cannot listen on {address}: {error}"))?,
             );
         }
+        // The shard-aware path: one more listener per shard, on a port of its own (chosen by the
+        // kernel), accepted only by that shard.
+        let mut shard_ports = Vec::new();
+        if config.shard_ports {
+            let any_port = SocketAddr::new(address.ip(), 0);
+            for _ in 0..engine.shard_count() {
+                let listener = net::listen(any_port)
+                    .map_err(|error| format!("cannot listen on {any_port}: {error}"))?;
+                shard_ports.push(
+                    net::local_address(&listener)
+                        .map_err(|error| error.to_string())?
+                        .port(),
+                );
+                listeners.push(listener);
+            }
+        }
         if let Some(token) = &config.token {
             if token.len() < hydrant_proto::auth::TOKEN_BYTES_MIN {
                 return Err(format!(
@@ -170,8 +190,11 @@ impl Server {
             token: config.token.clone(),
             allow_remote_without_token: config.allow_remote_without_token,
             idle_timeout: config.idle_timeout,
+            shard_ports: shard_ports.clone().into(),
         };
-        for (shard, listener) in listeners.iter().enumerate() {
+        for (index, listener) in listeners.iter().enumerate() {
+            // The shared listeners first (one per shard), then each shard's own.
+            let shard = index % engine.shard_count();
             let fd = listener.as_raw_fd();
             let handle = engine.handle();
             let policy = policy.clone();

@@ -43,6 +43,11 @@ struct Arguments {
     /// Without a token, serve clients on other hosts too (by default only loopback clients are).
     #[arg(long)]
     allow_remote_without_token: bool,
+    /// Do not open a port per shard for shard-aware clients (by default each shard also listens
+    /// on a port of its own, told to clients in HELLO, so their requests skip the hop between
+    /// cores).
+    #[arg(long)]
+    no_shard_ports: bool,
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
     #[arg(long, env = "HYDRANT_METRICS")]
     metrics: Option<SocketAddr>,
@@ -92,6 +97,7 @@ struct ConfigFile {
     shards: Option<usize>,
     token_file: Option<PathBuf>,
     allow_remote_without_token: Option<bool>,
+    no_shard_ports: Option<bool>,
     metrics: Option<SocketAddr>,
     origin: Option<String>,
     bucket: Option<Vec<String>>,
@@ -128,6 +134,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.shards = arguments.shards.or(file.shards);
     arguments.token_file = arguments.token_file.or(file.token_file);
     arguments.allow_remote_without_token |= file.allow_remote_without_token.unwrap_or(false);
+    arguments.no_shard_ports |= file.no_shard_ports.unwrap_or(false);
     arguments.metrics = arguments.metrics.or(file.metrics);
     arguments.origin = arguments.origin.or(file.origin);
     if arguments.bucket.is_empty() {
@@ -379,6 +386,7 @@ fn main() -> ExitCode {
         metrics: arguments.metrics,
         local_socket: arguments.local_socket.clone(),
         idle_timeout,
+        shard_ports: !arguments.no_shard_ports,
     }) {
         Ok(server) => server,
         Err(error) => {

@@ -22,6 +22,9 @@ pub struct ServerCounters {
     pub bytes_out: u64,
     pub connections_opened: u64,
     pub connections_closed: u64,
+    /// Requests whose key another shard owns, sent there and back (the hop the shard-aware path
+    /// skips).
+    pub requests_forwarded: u64,
     /// Connections closed for saying no HELLO in time or for going quiet past the idle timeout.
     pub connections_timed_out: u64,
     /// Per opcode: counts per bucket of LATENCY_BUCKETS_US, then +Inf; and the sum in µs.
@@ -257,7 +260,7 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
         }
     }
     type CounterField = fn(&ServerCounters) -> u64;
-    let server_metrics: [(&str, &str, CounterField); 6] = [
+    let server_metrics: [(&str, &str, CounterField); 7] = [
         (
             "hydrant_request_errors_total",
             "Requests answered with an error status.",
@@ -282,6 +285,11 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
             "hydrant_connections_closed_total",
             "Connections closed.",
             |counters| counters.connections_closed,
+        ),
+        (
+            "hydrant_requests_forwarded_total",
+            "Requests for another shard's key, served there (one hop between cores each way).",
+            |counters| counters.requests_forwarded,
         ),
         (
             "hydrant_connections_timed_out_total",

@@ -862,3 +862,59 @@ fn pipelined_large_gets_to_a_slow_reader_hold_bounded_memory() {
         grown >> 20
     );
 }
+
+/// The server's metric `name` summed over its label sets, through the client's STATS.
+fn metric_total(client: &mut hydrant_client::Client, name: &str) -> u64 {
+    let stats = client.stats().unwrap();
+    stats[0]
+        .1
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The shard-aware path: HELLO tells each shard's own port, the client sends each key's requests
+/// there, and no request is forwarded between the server's shards; a server started with
+/// --no-shard-ports offers none, and the same requests then cross shards about half the time.
+#[test]
+fn shard_aware_clients_skip_the_hop_between_shards() {
+    let keys: Vec<String> = (0..64).map(|index| format!("key-{index}")).collect();
+    let mut forwarded = Vec::new();
+    for extra in [&[][..], &["--no-shard-ports"][..]] {
+        let server = ServerProcess::start_with("shard-aware", extra);
+        let mut stream = server.connect();
+        let greeting = hello(&mut stream);
+        assert_eq!(greeting.shard_count, 2);
+        assert_eq!(
+            greeting.shard_ports.len(),
+            if extra.is_empty() { 2 } else { 0 }
+        );
+        let mut client = hydrant_client::Client::connect(
+            std::slice::from_ref(&server.address),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        let before = metric_total(&mut client, "hydrant_requests_forwarded_total");
+        for (index, key) in keys.iter().enumerate() {
+            let value = vec![index as u8; 1000 + index];
+            client.put("b", key, &value).unwrap();
+            assert_eq!(client.get("b", key, None).unwrap().1, value);
+            assert_eq!(
+                client.head("b", key).unwrap().object_bytes,
+                value.len() as u64
+            );
+        }
+        forwarded.push(metric_total(&mut client, "hydrant_requests_forwarded_total") - before);
+    }
+    assert_eq!(forwarded[0], 0, "every request reached its own shard");
+    assert!(
+        forwarded[1] >= 3 * 16,
+        "without shard ports about half of 192 requests cross shards: {}",
+        forwarded[1]
+    );
+}
