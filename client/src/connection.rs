@@ -3,7 +3,7 @@
 //! come in any order and are matched by request id).
 
 use std::collections::HashMap;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -30,8 +30,13 @@ pub(crate) struct PipelinedRequest<'a> {
     pub(crate) payload: &'a [u8],
 }
 
+/// Bytes read from the socket at once: a small answer's header, extension and payload arrive
+/// in one receive; a large payload is read straight into its destination past the first bytes.
+const RECEIVE_BUFFER_BYTES: usize = 64 * 1024;
+
 pub(crate) struct Connection {
-    stream: TcpStream,
+    /// Reads go through the buffer; writes go to the socket itself (`get_mut`).
+    stream: BufReader<TcpStream>,
     pub(crate) limits: Limits,
     next_request_id: u64,
     request_timeout: Duration,
@@ -57,7 +62,7 @@ impl Connection {
         stream.set_write_timeout(Some(connect_timeout))?;
         stream.set_nodelay(true)?;
         let mut connection = Connection {
-            stream,
+            stream: BufReader::with_capacity(RECEIVE_BUFFER_BYTES, stream),
             limits: Limits::default(),
             next_request_id: 1,
             request_timeout,
@@ -76,7 +81,10 @@ impl Connection {
         }
         connection.limits = greeting.limits;
         connection.set_answer_timeout(Some(request_timeout))?;
-        connection.stream.set_write_timeout(Some(request_timeout))?;
+        connection
+            .stream
+            .get_ref()
+            .set_write_timeout(Some(request_timeout))?;
         Ok(connection)
     }
 
@@ -84,6 +92,7 @@ impl Connection {
     pub(crate) fn set_answer_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         let result = self
             .stream
+            .get_ref()
             .set_read_timeout(timeout)
             .map_err(ClientError::Io);
         self.note(&result);
@@ -193,9 +202,9 @@ impl Connection {
         let total = payload.len() as u64;
         let mut sent = 0u64;
         for frame in request_frames(opcode, request_id, extension, payload, &self.limits, flags) {
-            self.stream.write_all(&frame.head)?;
+            self.stream.get_mut().write_all(&frame.head)?;
             for step in payload[frame.payload].chunks(PROGRESS_STEP_BYTES) {
-                self.stream.write_all(step)?;
+                self.stream.get_mut().write_all(step)?;
                 sent += step.len() as u64;
                 if let Some(progress) = progress.as_mut() {
                     progress(sent, total);
@@ -331,7 +340,7 @@ impl Connection {
         // Each request the writer sends takes a credit; each answer the reader completes gives
         // one back, so no more than `in_flight_max` are unanswered at once.
         let (credits, credits_back) = mpsc::sync_channel::<()>(in_flight_max);
-        let writer_stream = self.stream.try_clone()?;
+        let writer_stream = self.stream.get_ref().try_clone()?;
         let limits = self.limits;
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || -> io::Result<()> {
@@ -365,7 +374,7 @@ impl Connection {
                 // The writer may wait for a credit or for room in the socket: dropping the
                 // credits and shutting the socket down make both fail at once.
                 drop(credits_back);
-                let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                let _ = self.stream.get_ref().shutdown(std::net::Shutdown::Both);
             }
             let written = writer.join().expect("the pipeline writer does not panic");
             let answers = answers?;
