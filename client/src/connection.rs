@@ -3,7 +3,7 @@
 //! come in any order and are matched by request id).
 
 use std::collections::HashMap;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -30,8 +30,13 @@ pub(crate) struct PipelinedRequest<'a> {
     pub(crate) payload: &'a [u8],
 }
 
+/// Bytes read from the socket at once: a small answer's header, extension and payload arrive
+/// in one receive; a large payload is read straight into its destination past the first bytes.
+const RECEIVE_BUFFER_BYTES: usize = 64 * 1024;
+
 pub(crate) struct Connection {
-    stream: TcpStream,
+    /// Reads go through the buffer; writes go to the socket itself (`get_mut`).
+    stream: BufReader<TcpStream>,
     pub(crate) limits: Limits,
     /// From HELLO: the server's shards and each shard's own port (empty: none offered).
     pub(crate) shard_count: u16,
@@ -61,7 +66,7 @@ impl Connection {
         stream.set_write_timeout(Some(connect_timeout))?;
         stream.set_nodelay(true)?;
         let mut connection = Connection {
-            stream,
+            stream: BufReader::with_capacity(RECEIVE_BUFFER_BYTES, stream),
             limits: Limits::default(),
             shard_count: 1,
             placement_hash: 0,
@@ -86,7 +91,10 @@ impl Connection {
         connection.placement_hash = greeting.placement_hash;
         connection.shard_ports = greeting.shard_ports;
         connection.set_answer_timeout(Some(request_timeout))?;
-        connection.stream.set_write_timeout(Some(request_timeout))?;
+        connection
+            .stream
+            .get_ref()
+            .set_write_timeout(Some(request_timeout))?;
         Ok(connection)
     }
 
@@ -94,6 +102,7 @@ impl Connection {
     pub(crate) fn set_answer_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         let result = self
             .stream
+            .get_ref()
             .set_read_timeout(timeout)
             .map_err(ClientError::Io);
         self.note(&result);
@@ -203,9 +212,9 @@ impl Connection {
         let total = payload.len() as u64;
         let mut sent = 0u64;
         for frame in request_frames(opcode, request_id, extension, payload, &self.limits, flags) {
-            self.stream.write_all(&frame.head)?;
+            self.stream.get_mut().write_all(&frame.head)?;
             for step in payload[frame.payload].chunks(PROGRESS_STEP_BYTES) {
-                self.stream.write_all(step)?;
+                self.stream.get_mut().write_all(step)?;
                 sent += step.len() as u64;
                 if let Some(progress) = progress.as_mut() {
                     progress(sent, total);
@@ -341,7 +350,7 @@ impl Connection {
         // Each request the writer sends takes a credit; each answer the reader completes gives
         // one back, so no more than `in_flight_max` are unanswered at once.
         let (credits, credits_back) = mpsc::sync_channel::<()>(in_flight_max);
-        let writer_stream = self.stream.try_clone()?;
+        let writer_stream = self.stream.get_ref().try_clone()?;
         let limits = self.limits;
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || -> io::Result<()> {
@@ -375,7 +384,7 @@ impl Connection {
                 // The writer may wait for a credit or for room in the socket: dropping the
                 // credits and shutting the socket down make both fail at once.
                 drop(credits_back);
-                let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                let _ = self.stream.get_ref().shutdown(std::net::Shutdown::Both);
             }
             let written = writer.join().expect("the pipeline writer does not panic");
             let answers = answers?;
