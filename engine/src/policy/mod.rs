@@ -19,7 +19,6 @@
 //! O(1). Entries live in a slab and queues are linked by slot number, so that nothing allocates
 //! per operation once the cache is full.
 
-mod climber;
 mod fifo;
 mod ghost;
 mod lru;
@@ -29,6 +28,7 @@ mod sieve;
 pub mod sketch;
 mod table;
 mod tiny_lfu_sieve;
+mod window_chooser;
 
 use std::fmt;
 use std::str::FromStr;

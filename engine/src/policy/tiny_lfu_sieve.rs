@@ -8,46 +8,46 @@
 //! before frequency judges them (recency), the sketch keeps one-hit wonders and scans from
 //! flushing the main queue (frequency), and SIEVE keeps hits cheap (a bit set, nothing moved).
 //!
+//! A candidate that loses its duel is remembered in a ghost (keys only). If it is requested again
+//! while remembered, and the sketch now rates it above the victim, it skips the window and enters
+//! the main queue visited: an object that comes back soon after losing was not a one-hit wonder,
+//! and making it prove itself in the window a second time costs a miss each time round.
+//!
 //! No fixed window suits every workload: a loop or a scan wants almost none, a burst of recency
-//! wants a large one. A hill climber resizes the window from the hit ratio of each sample. A
-//! candidate the sketch finds warm but not warmer than the victim is admitted with a small
-//! probability, so that an attacker who inflates a victim's count cannot lock every newcomer out.
+//! wants a large one. The window's share follows shadow caches that try several shares on the
+//! same requests ([`WindowChooser`]). A candidate the sketch finds warm but not warmer than the
+//! victim is admitted with a small probability, so that an attacker who inflates a victim's count
+//! cannot lock every newcomer out.
 
-use super::climber::HillClimber;
+use super::ghost::Ghost;
 use super::random::Random;
 use super::sketch::FrequencySketch;
 use super::table::{QueueId, Table, PINNED};
+use super::window_chooser::{WindowChooser, WINDOW_PERCENTS};
 use super::{Access, Capacity, EvictionPolicy};
 
 const WINDOW: QueueId = 0;
 const MAIN: QueueId = 1;
 
-/// The window's initial share of the capacity, in percent (W-TinyLFU's 1%); the climber moves it.
-const WINDOW_INITIAL_PERCENT: u64 = 1;
-/// The window never grows beyond this share of the capacity, in percent, so that frequency
-/// always guards most of the cache.
-const WINDOW_MAX_PERCENT: u64 = 80;
 /// A candidate seen at least this often is warm: it may win against a victim at least as frequent,
 /// with probability 1 / `WARM_ADMIT_ONE_IN`.
 const WARM_FREQUENCY_MIN: u8 = 6;
 const WARM_ADMIT_ONE_IN: u64 = 128;
+/// The ghost of candidates that lost their duel remembers this share of the capacity, in
+/// percent: a loser that returns within about half a cache's worth of losers is admitted on
+/// frequency alone.
+const GHOST_PERCENT: u64 = 50;
 /// The population a byte-sized cache's sketch starts from; it grows with the cache.
 const BYTE_CACHE_EXPECTED_OBJECTS_INITIAL: u64 = 1024;
 /// The seed of [`TinyLfuSieve::new`]; [`TinyLfuSieve::with_seed`] picks another.
 const SEED_DEFAULT: u64 = 0x6879_6472_616e_7400;
 
-/// W-TinyLFU admission in front of SIEVE, with a hill-climbing window.
+/// W-TinyLFU admission in front of SIEVE, with a window sized by shadow caches.
 pub struct TinyLfuSieve {
-    table: Table,
-    sketch: FrequencySketch,
-    climber: HillClimber,
-    random: Random,
-    /// The window's share, in capacity units.
-    window_target: u64,
-    window_max: u64,
-    /// Whether the cache has been full once; the climber waits for it, because the hit ratio
-    /// while filling says nothing about the window.
-    has_evicted: bool,
+    cache: WindowedCache,
+    chooser: WindowChooser,
+    /// The shadows' evictions, dropped at once; kept to reuse its allocation.
+    shadow_evicted: Vec<u64>,
 }
 
 impl TinyLfuSieve {
@@ -58,25 +58,107 @@ impl TinyLfuSieve {
     /// A policy whose hashing and coin flips start from `seed` (one per instance, so that
     /// neighbouring shards do not share their collisions).
     pub fn with_seed(capacity: Capacity, seed: u64) -> TinyLfuSieve {
-        let units = capacity.units();
-        let expected_objects = match capacity {
-            Capacity::Objects(objects) => objects,
-            Capacity::Bytes(_) => BYTE_CACHE_EXPECTED_OBJECTS_INITIAL,
-        };
         TinyLfuSieve {
-            table: Table::new(capacity),
-            sketch: FrequencySketch::new(expected_objects, seed),
-            climber: HillClimber::new(units),
-            random: Random::new(seed.rotate_left(32)),
-            window_target: units * WINDOW_INITIAL_PERCENT / 100,
-            window_max: units * WINDOW_MAX_PERCENT / 100,
-            has_evicted: false,
+            cache: WindowedCache::new(capacity, seed, WINDOW_PERCENTS[0]),
+            chooser: WindowChooser::new(capacity, seed),
+            shadow_evicted: Vec::new(),
         }
     }
 
     /// The window's current share, in capacity units.
     pub fn window_target(&self) -> u64 {
-        self.window_target
+        self.cache.window_target
+    }
+
+    /// Feeds the shadows one request and applies their verdict at the end of a period.
+    fn choose_window(&mut self, key: u64, size_bytes: u64) {
+        let resident_objects = self.cache.table.len() as u64;
+        if let Some(window_percent) = self.chooser.observe(
+            key,
+            size_bytes,
+            resident_objects,
+            self.cache.window_percent,
+            &mut self.shadow_evicted,
+        ) {
+            if self.cache.has_evicted {
+                self.cache.set_window_percent(window_percent);
+            }
+        }
+    }
+}
+
+/// The window, the main queue, the sketch and the ghost, with the window's share set from
+/// outside: the real cache's by the chooser, a shadow's fixed.
+pub(crate) struct WindowedCache {
+    table: Table,
+    sketch: FrequencySketch,
+    ghost: Ghost,
+    random: Random,
+    /// The window's share, in capacity units.
+    window_target: u64,
+    window_percent: u64,
+    /// Whether the cache has been full once: until then, the shadows' misses are the cold misses
+    /// of a fill, and say nothing about the window.
+    has_evicted: bool,
+}
+
+impl WindowedCache {
+    pub(crate) fn new(capacity: Capacity, seed: u64, window_percent: u64) -> WindowedCache {
+        let units = capacity.units();
+        let expected_objects = match capacity {
+            Capacity::Objects(objects) => objects,
+            Capacity::Bytes(_) => BYTE_CACHE_EXPECTED_OBJECTS_INITIAL,
+        };
+        let mut cache = WindowedCache {
+            table: Table::new(capacity),
+            sketch: FrequencySketch::new(expected_objects, seed),
+            ghost: Ghost::new(units * GHOST_PERCENT / 100),
+            random: Random::new(seed.rotate_left(32)),
+            window_target: 0,
+            window_percent: 0,
+            has_evicted: false,
+        };
+        cache.set_window_percent(window_percent);
+        cache
+    }
+
+    fn set_window_percent(&mut self, window_percent: u64) {
+        assert!(window_percent <= 100);
+        self.window_percent = window_percent;
+        self.window_target = self.table.capacity_units() * window_percent / 100;
+    }
+
+    /// A read: a hit marks the object, a miss admits it into the window, or into the main queue
+    /// if it lost a duel lately and is now more frequent than the victim.
+    pub(crate) fn access(&mut self, key: u64, size_bytes: u64, evicted: &mut Vec<u64>) -> Access {
+        self.sketch.increment(key);
+        match self.table.find(key) {
+            Some(slot) => {
+                match self.table.entry(slot).queue {
+                    WINDOW => self.table.move_to_head(WINDOW, slot),
+                    MAIN => self.table.entry_mut(slot).visited = true,
+                    _ => {}
+                }
+                Access::Hit
+            }
+            None => {
+                let queue = if self.ghost.remove(key).is_some() && self.returns_to_main(key) {
+                    MAIN
+                } else {
+                    WINDOW
+                };
+                self.admit(key, size_bytes, queue, evicted)
+            }
+        }
+    }
+
+    /// Whether a loser back from the ghost is now more frequent than the main queue's victim.
+    fn returns_to_main(&mut self, key: u64) -> bool {
+        let frequency = self.sketch.frequency(key);
+        match self.table.sieve_victim(MAIN) {
+            Some(victim) => frequency > self.sketch.frequency(self.table.entry(victim).key),
+            None => true,
+        }
     }
 
     /// Links a new object at the head of `queue` and makes room for it.
@@ -93,8 +175,8 @@ impl TinyLfuSieve {
         }
         let slot = self.table.allocate(key, size_bytes);
         self.table.push_head(queue, slot);
-        // A write that skips the window starts visited, so that the hand passes it on its first
-        // lap like any object that has just been used.
+        // An object that skips the window (a write, or a loser back from the ghost) starts
+        // visited, so that the hand passes it on its first lap like any object just used.
         self.table.entry_mut(slot).visited = queue == MAIN;
         if let Capacity::Bytes(_) = self.table.capacity() {
             self.sketch.ensure_capacity(self.table.len() as u64);
@@ -135,6 +217,11 @@ impl TinyLfuSieve {
                         }
                         _ => candidate,
                     };
+                    if loser == candidate {
+                        let entry = self.table.entry(candidate);
+                        let charge = self.table.charge(entry.size_bytes);
+                        self.ghost.insert(entry.key, charge, 0);
+                    }
                     new_key_kept &= self.evict(loser, new_key, evicted);
                 }
                 (None, true) => {
@@ -173,20 +260,6 @@ impl TinyLfuSieve {
         }
         candidate_frequency >= WARM_FREQUENCY_MIN && self.random.one_in(WARM_ADMIT_ONE_IN)
     }
-
-    /// Feeds the climber one request and applies its verdict at the end of a sample.
-    fn climb(&mut self, hit: bool) {
-        if !self.has_evicted {
-            return;
-        }
-        self.climber.record(hit);
-        if let Some(change) = self.climber.adjustment(self.sketch.sample_size()) {
-            self.window_target = self
-                .window_target
-                .saturating_add_signed(change)
-                .min(self.window_max);
-        }
-    }
 }
 
 impl EvictionPolicy for TinyLfuSieve {
@@ -195,23 +268,12 @@ impl EvictionPolicy for TinyLfuSieve {
     }
 
     fn capacity(&self) -> Capacity {
-        self.table.capacity()
+        self.cache.table.capacity()
     }
 
     fn access(&mut self, key: u64, size_bytes: u64, evicted: &mut Vec<u64>) -> Access {
-        self.sketch.increment(key);
-        let access = match self.table.find(key) {
-            Some(slot) => {
-                match self.table.entry(slot).queue {
-                    WINDOW => self.table.move_to_head(WINDOW, slot),
-                    MAIN => self.table.entry_mut(slot).visited = true,
-                    _ => {}
-                }
-                Access::Hit
-            }
-            None => self.admit(key, size_bytes, WINDOW, evicted),
-        };
-        self.climb(access.is_hit());
+        let access = self.cache.access(key, size_bytes, evicted);
+        self.choose_window(key, size_bytes);
         access
     }
 
@@ -222,38 +284,89 @@ impl EvictionPolicy for TinyLfuSieve {
         pinned: bool,
         evicted: &mut Vec<u64>,
     ) -> Access {
-        if self.table.find(key).is_some() {
+        if self.cache.table.find(key).is_some() {
             self.access(key, size_bytes, evicted);
             if pinned {
-                self.table.set_pinned(key, true, MAIN);
+                self.cache.table.set_pinned(key, true, MAIN);
             }
             return Access::Hit;
         }
-        self.sketch.increment(key);
+        self.cache.sketch.increment(key);
         // A write is stored already: it skips the window's duel and enters the main queue (or
         // the pinned queue) directly.
         let queue = if pinned { PINNED } else { MAIN };
-        self.admit(key, size_bytes, queue, evicted)
+        let access = self.cache.admit(key, size_bytes, queue, evicted);
+        self.choose_window(key, size_bytes);
+        access
     }
 
     fn remove(&mut self, key: u64) -> bool {
-        self.table.remove(key)
+        self.cache.table.remove(key)
     }
 
     fn set_pinned(&mut self, key: u64, pinned: bool) -> bool {
         // An object that was worth pinning has been admitted already: it re-enters the main queue.
-        self.table.set_pinned(key, pinned, MAIN)
+        self.cache.table.set_pinned(key, pinned, MAIN)
     }
 
     fn contains(&self, key: u64) -> bool {
-        self.table.find(key).is_some()
+        self.cache.table.find(key).is_some()
     }
 
     fn len(&self) -> usize {
-        self.table.len()
+        self.cache.table.len()
     }
 
     fn used_bytes(&self) -> u64 {
-        self.table.used_bytes()
+        self.cache.table.used_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue_of(cache: &WindowedCache, key: u64) -> Option<QueueId> {
+        cache
+            .table
+            .find(key)
+            .map(|slot| cache.table.entry(slot).queue)
+    }
+
+    /// Pushes `key` out of a full cache of once-seen objects with a window of 10: it loses its
+    /// duel (a tie) and goes to the ghost.
+    fn lose_duel(cache: &mut WindowedCache, key: u64, next_new_key: &mut u64) {
+        let mut evicted = Vec::new();
+        cache.access(key, 1, &mut evicted);
+        for _ in 0..10 {
+            cache.access(*next_new_key, 1, &mut evicted);
+            *next_new_key += 1;
+        }
+        assert_eq!(queue_of(cache, key), None);
+    }
+
+    #[test]
+    fn a_loser_back_from_the_ghost_skips_the_window_and_one_long_gone_does_not() {
+        let mut cache = WindowedCache::new(Capacity::Objects(100), 1, 10);
+        let mut evicted = Vec::new();
+        for key in 0..100 {
+            cache.access(key, 1, &mut evicted);
+        }
+        let mut next_new_key = 10_000;
+        lose_duel(&mut cache, 1_000, &mut next_new_key);
+        // Back soon, and now seen twice against victims seen once: straight into the main
+        // queue, visited.
+        cache.access(1_000, 1, &mut evicted);
+        assert_eq!(queue_of(&cache, 1_000), Some(MAIN));
+        let slot = cache.table.find(1_000).expect("resident");
+        assert!(cache.table.entry(slot).visited);
+
+        lose_duel(&mut cache, 2_000, &mut next_new_key);
+        // A hundred losers later the ghost (50 objects) has forgotten it: the window again.
+        for _ in 0..10 {
+            lose_duel(&mut cache, next_new_key + 1_000_000, &mut next_new_key);
+        }
+        cache.access(2_000, 1, &mut evicted);
+        assert_eq!(queue_of(&cache, 2_000), Some(WINDOW));
     }
 }
