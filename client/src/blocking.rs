@@ -83,13 +83,18 @@ impl SharedClient {
             .servers
             .iter()
             .map(|address| {
-                NodePool::new(
+                let pool = NodePool::new(
                     address,
                     config.token.as_deref(),
                     config.connect_timeout,
                     config.request_timeout,
                     config.max_connections_per_node,
-                )
+                );
+                if config.shard_aware {
+                    pool
+                } else {
+                    pool.without_shard_ports()
+                }
             })
             .collect();
         for pool in &pools {
@@ -131,16 +136,27 @@ impl SharedClient {
     ) -> Result<T> {
         let index = self.owner(bucket, key);
         let node = &self.inner.pools[index];
-        let Some(shard) = node.shard_pool(bucket, key) else {
-            return self.inner.on_node(index, &self.inner.policy, operation);
-        };
         retrying(&self.inner.policy, &self.inner.retries, || {
-            let mut connection = match shard.take() {
-                Ok(connection) => connection,
-                Err(_) => node.take()?,
+            let shards = node.shard_pools();
+            let mut connection = match shards
+                .as_ref()
+                .and_then(|shards| shards.pool_for(bucket, key))
+            {
+                Some(shard) => match shard.take() {
+                    Ok(connection) => connection,
+                    Err(_) => {
+                        node.forget_shards();
+                        node.take()?
+                    }
+                },
+                None => node.take()?,
             };
-            let address = &connection.pool_address().to_string();
-            operation(&mut connection).map_err(|error| error.at(address))
+            let address = connection.pool_address().to_string();
+            let result = operation(&mut connection);
+            if result.is_err() && connection.broken {
+                node.forget_shards();
+            }
+            result.map_err(|error| error.at(&address))
         })
     }
 

@@ -31,6 +31,7 @@ pub struct ClientConfig {
     pub(crate) backoff_max: Duration,
     pub(crate) retry_deadline: Duration,
     pub(crate) max_connections_per_node: usize,
+    pub(crate) shard_aware: bool,
 }
 
 impl ClientConfig {
@@ -47,6 +48,7 @@ impl ClientConfig {
             backoff_max: BACKOFF_MAX_DEFAULT,
             retry_deadline: RETRY_DEADLINE_DEFAULT,
             max_connections_per_node: CONNECTIONS_PER_NODE_MAX_DEFAULT,
+            shard_aware: true,
         }
     }
 
@@ -97,6 +99,14 @@ impl ClientConfig {
     /// each take one for a request; async callers share them, many requests on each.
     pub fn max_connections_per_node(mut self, connections: usize) -> ClientConfig {
         self.max_connections_per_node = connections.max(1);
+        self
+    }
+
+    /// Send single-key requests to the owning shard's own port when a node offers them in
+    /// HELLO (default on; docs/protocol.md, "The shard-aware path"). The shard pools of a node
+    /// together hold about `max_connections_per_node` connections, beside the node's own.
+    pub fn shard_aware(mut self, shard_aware: bool) -> ClientConfig {
+        self.shard_aware = shard_aware;
         self
     }
 }

@@ -2,7 +2,7 @@
 //! batch) and gives it back; at most `max_connections_per_node` are open at once.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::connection::Connection;
@@ -17,16 +17,26 @@ pub(crate) struct NodePool {
     state: Mutex<PoolState>,
     /// Signalled when a connection is given back or closed.
     returned: Condvar,
-    /// The shard-aware path: a pool per shard of this node, on the ports its HELLO told, set
-    /// from the first connection opened (`None` when the node offers none). Shard pools have
-    /// none of their own.
-    shards: OnceLock<Option<ShardPools>>,
+    /// The shard-aware path: a pool per shard of this node, on the ports its HELLO told, learnt
+    /// from a connection opened (`Some(None)` when the node offers none; `None` before, and
+    /// again after a shard's connection broke: a restarted server has new ports). Shard pools
+    /// have none of their own.
+    shards: Mutex<Option<Option<Arc<ShardPools>>>>,
     shard_aware: bool,
 }
 
 pub(crate) struct ShardPools {
     placement_hash: u32,
     pools: Vec<NodePool>,
+}
+
+impl ShardPools {
+    /// The pool of the shard that owns (bucket, key).
+    pub(crate) fn pool_for(&self, bucket: &str, key: &str) -> Option<&NodePool> {
+        let shard =
+            crate::placement::shard_for(self.placement_hash, self.pools.len() as u16, bucket, key)?;
+        self.pools.get(shard)
+    }
 }
 
 struct PoolState {
@@ -43,6 +53,13 @@ pub(crate) struct PooledConnection<'a> {
 }
 
 impl NodePool {
+    /// Turn the shard-aware path off for this node (its single-key requests then use the
+    /// node's own connections).
+    pub(crate) fn without_shard_ports(mut self) -> NodePool {
+        self.shard_aware = false;
+        self
+    }
+
     pub(crate) fn new(
         address: &str,
         token: Option<&[u8]>,
@@ -62,57 +79,78 @@ impl NodePool {
                 open: 0,
             }),
             returned: Condvar::new(),
-            shards: OnceLock::new(),
+            shards: Mutex::new(None),
             shard_aware: true,
         }
     }
 
-    /// The pool of the shard that owns (bucket, key) on this node, when the node offered
-    /// shard ports and a connection to it has been opened (`warm` opens one).
-    pub(crate) fn shard_pool(&self, bucket: &str, key: &str) -> Option<&NodePool> {
-        let shards = self.shards.get()?.as_ref()?;
-        let shard = crate::placement::shard_for(
-            shards.placement_hash,
-            shards.pools.len() as u16,
-            bucket,
-            key,
-        )?;
-        shards.pools.get(shard)
+    /// This node's shard pools, when it offered shard ports and a connection to it has been
+    /// opened since they were last forgotten (`warm` opens one).
+    pub(crate) fn shard_pools(&self) -> Option<Arc<ShardPools>> {
+        self.shards
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+            .flatten()
     }
 
-    /// Learn the node's shard ports from a connection's HELLO, once.
+    /// Forget the shard ports and close the idle connections (a connection broke: the server
+    /// may have restarted, on new ports); the next connection opened learns them again.
+    pub(crate) fn forget_shards(&self) {
+        *self
+            .shards
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = None;
+        let mut state = self.lock();
+        let stale = state.idle.len();
+        state.idle.clear();
+        state.open -= stale;
+        drop(state);
+        self.returned.notify_all();
+    }
+
+    /// Learn the node's shard ports from a connection's HELLO, unless they are known.
     fn learn_shards(&self, connection: &Connection) {
-        if !self.shard_aware || self.shards.get().is_some() {
+        let mut known = self
+            .shards
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if !self.shard_aware || known.is_some() {
             return;
         }
+        // With one shard there is no hop to skip.
         let shards = (connection.shard_ports.len() == connection.shard_count as usize
-            && !connection.shard_ports.is_empty())
-        .then(|| {
-            // The same host, the shard's port: "host:port" or "[v6]:port".
-            let host = self
-                .address
-                .rsplit_once(':')
-                .map_or(self.address.as_str(), |(host, _)| host);
-            ShardPools {
-                placement_hash: connection.placement_hash,
-                pools: connection
-                    .shard_ports
-                    .iter()
-                    .map(|port| {
-                        let mut pool = NodePool::new(
-                            &format!("{host}:{port}"),
-                            self.token.as_deref(),
-                            self.connect_timeout,
-                            self.request_timeout,
-                            self.connections_max,
-                        );
-                        pool.shard_aware = false;
-                        pool
-                    })
-                    .collect(),
-            }
-        });
-        let _ = self.shards.set(shards);
+            && connection.shard_count > 1)
+            .then(|| {
+                // The same host, the shard's port: "host:port" or "[v6]:port".
+                let host = self
+                    .address
+                    .rsplit_once(':')
+                    .map_or(self.address.as_str(), |(host, _)| host);
+                ShardPools {
+                    placement_hash: connection.placement_hash,
+                    pools: connection
+                        .shard_ports
+                        .iter()
+                        .map(|port| {
+                            // The shard pools together hold about as many connections as the
+                            // node's own pool may.
+                            let per_shard =
+                                self.connections_max.div_ceil(connection.shard_ports.len());
+                            let mut pool = NodePool::new(
+                                &format!("{host}:{port}"),
+                                self.token.as_deref(),
+                                self.connect_timeout,
+                                self.request_timeout,
+                                per_shard,
+                            );
+                            pool.shard_aware = false;
+                            pool
+                        })
+                        .collect(),
+                }
+            });
+        *known = Some(shards.map(Arc::new));
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
