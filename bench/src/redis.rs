@@ -26,7 +26,10 @@ fn protocol_error(message: String) -> io::Error {
 
 impl RedisConnection {
     pub fn connect(address: &str, timeout: Duration) -> io::Result<RedisConnection> {
-        let stream = TcpStream::connect(address)?;
+        let resolved = std::net::ToSocketAddrs::to_socket_addrs(address)?
+            .next()
+            .ok_or_else(|| protocol_error(format!("{address} resolves to no address")))?;
+        let stream = TcpStream::connect_timeout(&resolved, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;

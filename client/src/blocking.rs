@@ -142,12 +142,15 @@ impl SharedClient {
                 .as_ref()
                 .and_then(|shards| shards.pool_for(bucket, key))
             {
-                Some(shard) => match shard.take() {
-                    Ok(connection) => connection,
-                    Err(_) => {
-                        node.forget_shards();
+                Some(shard) => match shard.try_take() {
+                    Some(Ok(connection)) => connection,
+                    // Unreachable: the node's own port from now on.
+                    Some(Err(_)) => {
+                        node.disable_shards();
                         node.take()?
                     }
+                    // Every connection to the shard is busy: the node's port, without waiting.
+                    None => node.take()?,
                 },
                 None => node.take()?,
             };

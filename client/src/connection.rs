@@ -98,6 +98,11 @@ impl Connection {
         Ok(connection)
     }
 
+    /// The address this connection reached (the one of several a name resolves to).
+    pub(crate) fn peer_address(&self) -> Option<std::net::SocketAddr> {
+        self.stream.get_ref().peer_addr().ok()
+    }
+
     /// How long to wait for the next bytes of an answer (`None`: without end).
     pub(crate) fn set_answer_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         let result = self

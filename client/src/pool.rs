@@ -109,6 +109,15 @@ impl NodePool {
         self.returned.notify_all();
     }
 
+    /// Stop using the shard ports (one could not be reached: a firewall, NAT, a container that
+    /// publishes only the main port) until a connection to the node breaks.
+    pub(crate) fn disable_shards(&self) {
+        *self
+            .shards
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = Some(None);
+    }
+
     /// Learn the node's shard ports from a connection's HELLO, unless they are known.
     fn learn_shards(&self, connection: &Connection) {
         let mut known = self
@@ -122,11 +131,20 @@ impl NodePool {
         let shards = (connection.shard_ports.len() == connection.shard_count as usize
             && connection.shard_count > 1)
             .then(|| {
-                // The same host, the shard's port: "host:port" or "[v6]:port".
+                // The server this connection reached (a name may resolve to several), each
+                // shard's port; else the configured host ("host:port" or "[v6]:port").
+                let peer = connection.peer_address();
                 let host = self
                     .address
                     .rsplit_once(':')
                     .map_or(self.address.as_str(), |(host, _)| host);
+                let shard_address = |port: u16| match peer {
+                    Some(mut address) => {
+                        address.set_port(port);
+                        address.to_string()
+                    }
+                    None => format!("{host}:{port}"),
+                };
                 ShardPools {
                     placement_hash: connection.placement_hash,
                     pools: connection
@@ -138,7 +156,7 @@ impl NodePool {
                             let per_shard =
                                 self.connections_max.div_ceil(connection.shard_ports.len());
                             let mut pool = NodePool::new(
-                                &format!("{host}:{port}"),
+                                &shard_address(*port),
                                 self.token.as_deref(),
                                 self.connect_timeout,
                                 self.request_timeout,
@@ -200,6 +218,30 @@ impl NodePool {
                 .unwrap_or_else(|poison| poison.into_inner())
                 .0;
         }
+    }
+
+    /// An idle connection or a new one; `None` when all are busy and no more may be opened
+    /// (the caller goes elsewhere rather than wait).
+    pub(crate) fn try_take(&self) -> Option<Result<PooledConnection<'_>>> {
+        let mut state = self.lock();
+        if let Some(connection) = state.idle.pop() {
+            return Some(Ok(self.pooled(connection)));
+        }
+        if state.open >= self.connections_max {
+            return None;
+        }
+        state.open += 1;
+        drop(state);
+        Some(match self.open_connection() {
+            Ok(connection) => {
+                self.learn_shards(&connection);
+                Ok(self.pooled(connection))
+            }
+            Err(error) => {
+                self.closed();
+                Err(error)
+            }
+        })
     }
 
     fn open_connection(&self) -> Result<Connection> {

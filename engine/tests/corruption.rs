@@ -441,3 +441,44 @@ fn direct_reads_into_outside_memory_are_checked_where_they_land() {
         assert!(get_into(&engine, &key, &target).unwrap().is_none());
     }
 }
+
+/// Chunks that are not a multiple of the checksum piece: pieces count from each chunk's start,
+/// so a range that starts at a piece of the object but not of its chunk is read through the
+/// buffers, byte-exact, and a tight target never trips the server.
+#[test]
+fn direct_reads_with_chunks_that_are_not_whole_pieces_land_the_right_bytes() {
+    let dir = TempDir::new("direct-odd-chunks");
+    let path = dir.file("data.hyd");
+    let mut engine_config = config(&path, 64 * MIB, 1, 4);
+    engine_config.chunk_bytes = Some(96 * 1024);
+    engine_config.crc_block_bytes = Some(64 * 1024);
+    let engine = Engine::open(engine_config).unwrap();
+    let data = pattern(99, 200 * 1024);
+    block_on(engine.put("data", "odd", data.clone())).unwrap();
+    let object = hydrant_engine::store::ObjectKey::new("data", "odd").unwrap();
+    let shard = engine.shard_of(&object);
+    for (start, end, target_bytes) in [
+        (128 * 1024u64, None, 128 * 1024usize),
+        (128 * 1024, None, 72 * 1024),
+        (96 * 1024, Some(160 * 1024u64), 64 * 1024),
+        (0, None, 256 * 1024),
+        (64 * 1024, Some(100 * 1024), 64 * 1024),
+    ] {
+        let target = external(target_bytes);
+        let (object, inner) = (object.clone(), target.clone());
+        let placed = block_on(engine.on_shard(shard, move |cache| async move {
+            cache
+                .get_into(&object, Some(ByteRange { start, end }), &inner)
+                .await
+        }))
+        .unwrap()
+        .unwrap();
+        let end = end.unwrap_or(data.len() as u64);
+        assert!(placed.written, "{start}..{end} into {target_bytes}");
+        assert_eq!(placed.len, end - start);
+        assert!(
+            external_bytes(&target, placed.len as usize) == data[start as usize..end as usize],
+            "{start}..{end} into {target_bytes} bytes"
+        );
+    }
+}

@@ -122,7 +122,12 @@ impl Message for HelloResponse {
             return Err(ProtoError::Malformed("no shards"));
         }
         let placement_hash = reader.u32()?;
-        let ports = reader.u16()?;
+        // A server without the shard-aware path may end here.
+        let ports = if reader.remaining() == 0 {
+            0
+        } else {
+            reader.u16()?
+        };
         if ports != 0 && ports != shard_count {
             return Err(ProtoError::Malformed(
                 "shard ports are neither none nor one per shard",

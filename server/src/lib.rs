@@ -164,7 +164,9 @@ impl Server {
         // kernel), accepted only by that shard.
         let mut shard_ports = Vec::new();
         if config.shard_ports {
-            let any_port = SocketAddr::new(address.ip(), 0);
+            // The same address (an IPv6 scope included), any port.
+            let mut any_port = address;
+            any_port.set_port(0);
             for _ in 0..engine.shard_count() {
                 let listener = net::listen(any_port)
                     .map_err(|error| format!("cannot listen on {any_port}: {error}"))?;

@@ -262,8 +262,9 @@ fn register_region(engine: &EngineHandle, address: usize, bytes: u64) -> Option<
                 if !REGISTRATION_REFUSED_LOGGED.swap(true, Ordering::Relaxed) {
                     log::warn!("local socket: a region could not be registered with the rings ({error}); regions are read with plain READs");
                 }
-                unregister_on(engine, slot, registered);
-                give_back_slot(slot);
+                if unregister_on(engine, slot, registered) {
+                    give_back_slot(slot);
+                }
                 REGISTERED_BYTES.fetch_sub(bytes, Ordering::SeqCst);
                 return None;
             }
@@ -276,7 +277,10 @@ static REGISTRATION_REFUSED_LOGGED: AtomicBool = AtomicBool::new(false);
 /// Bytes of the regions registered now.
 static REGISTERED_BYTES: AtomicU64 = AtomicU64::new(0);
 
-fn unregister_on(engine: &EngineHandle, slot: u16, shards: Vec<usize>) {
+/// Empty `slot` on `shards`; false when a ring refused (the slot must then not be reused: that
+/// ring still holds the old region's pages).
+fn unregister_on(engine: &EngineHandle, slot: u16, shards: Vec<usize>) -> bool {
+    let mut emptied = true;
     for shard in shards {
         let call = engine.on_shard(shard, move |_cache| async move {
             current_reactor()
@@ -285,8 +289,10 @@ fn unregister_on(engine: &EngineHandle, slot: u16, shards: Vec<usize>) {
         });
         if let Err(error) = block_on(call) {
             log::error!("local socket: slot {slot} of shard {shard} could not be emptied: {error}");
+            emptied = false;
         }
     }
+    emptied
 }
 
 impl Region {
@@ -510,8 +516,9 @@ impl LocalConnection {
     /// the last holder.
     fn release(&self, region: Arc<Region>) {
         if let Some(slot) = region.slot {
-            unregister_on(&self.engine, slot, (0..self.engine.shard_count()).collect());
-            give_back_slot(slot);
+            if unregister_on(&self.engine, slot, (0..self.engine.shard_count()).collect()) {
+                give_back_slot(slot);
+            }
             REGISTERED_BYTES.fetch_sub(region.bytes, Ordering::SeqCst);
             LOCAL_REGIONS_REGISTERED.fetch_sub(1, Ordering::SeqCst);
         }
@@ -529,8 +536,38 @@ impl LocalConnection {
                     .collect(),
             };
         };
+        // Items whose places overlap an earlier item's are refused: two shards must never write
+        // the same bytes at once.
+        let mut places: Vec<(u64, u64, usize)> = request
+            .items
+            .iter()
+            .enumerate()
+            .filter_map(|(index, item)| {
+                let end = item.offset.checked_add(item.length)?;
+                (item.length > 0).then_some((item.offset, end, index))
+            })
+            .collect();
+        places.sort_unstable();
+        let mut overlapping = std::collections::HashSet::new();
+        let mut reached = 0u64;
+        for &(offset, end, index) in &places {
+            if offset < reached {
+                overlapping.insert(index);
+            }
+            reached = reached.max(end);
+        }
         let mut per_shard: HashMap<usize, Vec<ShardItem>> = HashMap::new();
         for (index, item) in request.items.into_iter().enumerate() {
+            if overlapping.contains(&index) {
+                results[index] = Some(failed(
+                    Status::InvalidRange,
+                    format!(
+                        "offset {} + length {} overlaps another item of this read",
+                        item.offset, item.length
+                    ),
+                ));
+                continue;
+            }
             let fits = item
                 .offset
                 .checked_add(item.length)

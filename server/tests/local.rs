@@ -217,6 +217,23 @@ fn out_of_bounds_and_oversized_requests_are_refused() {
         }],
     );
     assert!(overflow.unwrap().pop().unwrap().is_err());
+    // Items whose places overlap: the later one is refused, the first is served.
+    let item = |offset: u64, length: u64| LocalGet {
+        offset,
+        length,
+        bucket: "b".into(),
+        key: "k".into(),
+        range: None,
+    };
+    let mut results = client
+        .read_batch(&mut region, &[item(0, 8192), item(4096, 4096)])
+        .unwrap();
+    let error = results.pop().unwrap().unwrap_err();
+    assert!(
+        matches!(&error, ClientError::Status { status, message } if *status == Status::InvalidRange as u8 && message.contains("overlaps")),
+        "{error}"
+    );
+    assert!(results.pop().unwrap().is_ok());
     // Regions are bounded per connection.
     let error = client.allocate(17 << 30).err().unwrap();
     assert!(

@@ -195,7 +195,7 @@ struct GatheredSend<T> {
 }
 
 /// Send every byte of `parts` with as few `sendmsg` calls as the kernel allows (looping over
-/// partial sends). At most `SEND_PARTS_MAX` slices.
+/// partial sends), at most `SEND_PARTS_MAX` slices per `sendmsg` (the kernel's IOV_MAX).
 pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Result<()>, Box<T>) {
     let iovecs: Vec<libc::iovec> = parts
         .parts()
@@ -206,11 +206,6 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Resu
             iov_len: part.len(),
         })
         .collect();
-    assert!(
-        iovecs.len() <= SEND_PARTS_MAX,
-        "{} slices in one send",
-        iovecs.len()
-    );
     // SAFETY: msghdr is plain data; the zeroed fields mean no address and no control data.
     let message: libc::msghdr = unsafe { std::mem::zeroed() };
     let mut gathered = Box::new(GatheredSend {
@@ -222,7 +217,7 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Resu
     while first < gathered.iovecs.len() {
         let send = &mut *gathered;
         send.message.msg_iov = send.iovecs[first..].as_mut_ptr();
-        send.message.msg_iovlen = send.iovecs.len() - first;
+        send.message.msg_iovlen = (send.iovecs.len() - first).min(SEND_PARTS_MAX);
         let entry = opcode::SendMsg::new(types::Fd(socket), &send.message)
             .flags(libc::MSG_NOSIGNAL as u32)
             .build();

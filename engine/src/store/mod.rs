@@ -527,7 +527,8 @@ impl Store {
         let (start, end) = resolve_range(range, record.bytes)?;
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         let piece_bytes = self.geometry.crc_block_bytes as u64;
-        if !target.is_aligned() || !start.is_multiple_of(piece_bytes) {
+        // Pieces are counted from each chunk's start: the read must start at one in its chunk.
+        if !target.is_aligned() || !(start % chunk_bytes).is_multiple_of(piece_bytes) {
             return Ok(DirectVersion::Unsuitable);
         }
         let placed = DirectRead {
@@ -617,11 +618,15 @@ impl Store {
                 data_bytes.min((last_piece + 1) * piece_bytes),
             )
         };
-        debug_assert_eq!(span_start, want.start, "the range starts at a piece");
         let span_len = align_up((span_end - span_start) as usize);
-        let destination = target
+        // The range starts at a piece (checked by the caller) and the footprint fits; should
+        // either not hold, the buffered read serves it.
+        let Some(destination) = target
             .slice(offset, span_len)
-            .expect("the footprint was checked against the target");
+            .filter(|_| span_start == want.start)
+        else {
+            return Ok(false);
+        };
         let data_offset = entry_offset + (BLOCK_BYTES + span_start as usize) as u64;
         if data_bytes <= piece_bytes {
             let result = read_at_external(file, destination, data_offset).await;
