@@ -191,16 +191,7 @@ impl NodePool {
             if state.open < self.connections_max {
                 state.open += 1;
                 drop(state);
-                return match self.open_connection() {
-                    Ok(connection) => {
-                        self.learn_shards(&connection);
-                        Ok(self.pooled(connection))
-                    }
-                    Err(error) => {
-                        self.closed();
-                        Err(error)
-                    }
-                };
+                return self.open_counted();
             }
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
@@ -232,7 +223,12 @@ impl NodePool {
         }
         state.open += 1;
         drop(state);
-        Some(match self.open_connection() {
+        Some(self.open_counted())
+    }
+
+    /// Open a connection already counted in `open` (uncounted again if it fails).
+    fn open_counted(&self) -> Result<PooledConnection<'_>> {
+        match self.open_connection() {
             Ok(connection) => {
                 self.learn_shards(&connection);
                 Ok(self.pooled(connection))
@@ -241,7 +237,7 @@ impl NodePool {
                 self.closed();
                 Err(error)
             }
-        })
+        }
     }
 
     fn open_connection(&self) -> Result<Connection> {
