@@ -545,12 +545,9 @@ impl Store {
         let last = (end - 1) / chunk_bytes;
         let last_start = last * chunk_bytes;
         let last_data = chunk_bytes.min(record.bytes - last_start);
-        let last_read_end = if last_data <= piece_bytes {
-            last_data
-        } else {
-            last_data.min((end - last_start).div_ceil(piece_bytes) * piece_bytes)
-        };
-        let footprint = last_start + align_up(last_read_end as usize) as u64 - start;
+        let last_want = (start.max(last_start) - last_start) as u32..(end - last_start) as u32;
+        let last_span = checked_span(last_data as u32, piece_bytes as u32, &last_want);
+        let footprint = last_start + align_up(last_span.end as usize) as u64 - start;
         if footprint > target.len() as u64 {
             return Ok(DirectVersion::Unsuitable);
         }
@@ -608,16 +605,10 @@ impl Store {
         let file = self.file_of(region);
         let _reader = RegionReader::new(self, region);
         let piece_bytes = self.geometry.crc_block_bytes;
-        let (span_start, span_end) = if data_bytes <= piece_bytes {
-            (0, data_bytes)
-        } else {
-            let first_piece = want.start / piece_bytes;
-            let last_piece = (want.end - 1) / piece_bytes;
-            (
-                first_piece * piece_bytes,
-                data_bytes.min((last_piece + 1) * piece_bytes),
-            )
-        };
+        let Range {
+            start: span_start,
+            end: span_end,
+        } = checked_span(data_bytes, piece_bytes, &want);
         let span_len = align_up((span_end - span_start) as usize);
         // The range starts at a piece (checked by the caller) and the footprint fits; should
         // either not hold, the buffered read serves it.
@@ -764,10 +755,11 @@ impl Store {
                 len: want.len(),
             });
         }
-        let first_piece = want.start / piece_bytes;
-        let last_piece = (want.end - 1) / piece_bytes;
-        let span_start = first_piece * piece_bytes;
-        let span_end = data_bytes.min((last_piece + 1) * piece_bytes);
+        let Range {
+            start: span_start,
+            end: span_end,
+        } = checked_span(data_bytes, piece_bytes, &want);
+        let first_piece = span_start / piece_bytes;
         let span_len = align_up((span_end - span_start) as usize);
         let (header_block, data, data_start) = if first_piece == 0 {
             // Header and data are contiguous: one read.
@@ -1202,6 +1194,18 @@ impl Drop for RegionReader<'_> {
             self.store.region_idle.wake_all();
         }
     }
+}
+
+/// The bytes of a chunk of `data_bytes` that a verified read of `want` covers: the whole chunk
+/// when it is one checksummed piece or less (its checksum covers it all), else the pieces
+/// `want` touches.
+fn checked_span(data_bytes: u32, piece_bytes: u32, want: &Range<u32>) -> Range<u32> {
+    if data_bytes <= piece_bytes {
+        return 0..data_bytes;
+    }
+    let first_piece = want.start / piece_bytes;
+    let last_piece = (want.end - 1) / piece_bytes;
+    first_piece * piece_bytes..data_bytes.min((last_piece + 1) * piece_bytes)
 }
 
 /// Resolve a requested range against an object of `bytes`: the end is clamped to the object,
