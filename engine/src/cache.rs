@@ -54,8 +54,13 @@ pub struct CacheRead {
 
 /// Where a read's bytes are.
 pub enum ReadData {
-    /// A range of the DRAM tier's copy of the object.
-    Memory(Rc<[u8]>, std::ops::Range<usize>),
+    /// A range of the DRAM tier's copy of the object, with the CRC32C of that range when it
+    /// is known without reading it (the whole object: the tier keeps its CRC).
+    Memory {
+        data: Rc<[u8]>,
+        range: std::ops::Range<usize>,
+        crc: Option<u32>,
+    },
     /// In the shard's pinned buffers, as read from NVMe and checked.
     Store(ObjectRead),
     /// Gathered into memory of its own (origin reads, DRAM fills).
@@ -65,7 +70,7 @@ pub enum ReadData {
 impl ReadData {
     pub fn len(&self) -> usize {
         match self {
-            ReadData::Memory(_, range) => range.len(),
+            ReadData::Memory { range, .. } => range.len(),
             ReadData::Store(read) => read.len(),
             ReadData::Owned(data) => data.len(),
         }
@@ -78,7 +83,7 @@ impl ReadData {
     /// The bytes, in order, as one or more slices.
     pub fn parts(&self) -> Vec<&[u8]> {
         match self {
-            ReadData::Memory(data, range) => vec![&data[range.clone()]],
+            ReadData::Memory { data, range, .. } => vec![&data[range.clone()]],
             ReadData::Store(read) => read.parts.iter().map(|part| part.bytes()).collect(),
             ReadData::Owned(data) => vec![data.as_slice()],
         }
@@ -88,7 +93,7 @@ impl ReadData {
     pub fn into_vec(self) -> (Vec<u8>, u64) {
         match self {
             ReadData::Owned(data) => (data, 0),
-            ReadData::Memory(data, range) => {
+            ReadData::Memory { data, range, .. } => {
                 let copied = range.len() as u64;
                 (data[range].to_vec(), copied)
             }
@@ -96,10 +101,24 @@ impl ReadData {
         }
     }
 
+    /// The CRC32C of the bytes: known for the DRAM tier's whole objects and for NVMe reads of
+    /// whole checksummed pieces without reading them again, else computed.
+    pub fn crc(&self) -> u32 {
+        match self {
+            ReadData::Memory { crc: Some(crc), .. } => *crc,
+            ReadData::Memory { data, range, .. } => crc32c::crc32c(&data[range.clone()]),
+            ReadData::Store(read) => read.crc(),
+            ReadData::Owned(data) => crc32c::crc32c(data),
+        }
+    }
+
     /// Only `range` of what this holds (used for whole-object data: the range of the object).
     fn narrowed(self, range: std::ops::Range<usize>) -> ReadData {
         match self {
-            ReadData::Memory(data, _) => ReadData::Memory(data, range),
+            ReadData::Memory { data, crc, .. } => {
+                let crc = crc.filter(|_| range == (0..data.len()));
+                ReadData::Memory { data, range, crc }
+            }
             ReadData::Owned(mut data) => {
                 data.truncate(range.end);
                 data.drain(..range.start);
@@ -495,12 +514,16 @@ impl Cache {
                 })
             };
             match dram.lookup(key, meta.seq, meta.bytes, whole) {
-                Lookup::Hit(data) => {
+                Lookup::Hit(data, crc) => {
                     self.store.touch(key);
                     let bytes = data.len() as u64;
-                    let full = 0..data.len();
-                    return answer(ReadData::Memory(data, full), bytes, meta.seq, 0)
-                        .map(|read| Some(Got::Parts(read)));
+                    let range = 0..data.len();
+                    let memory = ReadData::Memory {
+                        data,
+                        range,
+                        crc: Some(crc),
+                    };
+                    return answer(memory, bytes, meta.seq, 0).map(|read| Some(Got::Parts(read)));
                 }
                 Lookup::Fill => {
                     let Some(read) = self.store.get(key, None).await? else {
@@ -508,7 +531,7 @@ impl Cache {
                     };
                     // Two copies: gathering the parts, and the DRAM tier's own.
                     let data = read.to_vec();
-                    dram.fill(key, read.seq, &data);
+                    dram.fill(key, read.seq, &data, read.crc());
                     let bytes = data.len() as u64;
                     return answer(ReadData::Owned(data), bytes, read.seq, 2 * bytes)
                         .map(|read| Some(Got::Parts(read)));

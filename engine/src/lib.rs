@@ -7,6 +7,7 @@
 
 pub mod buf;
 mod cache;
+pub mod crc;
 pub mod device;
 mod error;
 pub mod format;

@@ -78,11 +78,19 @@ pub struct ReadPart {
     buf: IoBuf,
     start: usize,
     len: usize,
+    /// The CRC32C of exactly `bytes()`, when the checked pieces give it without reading the
+    /// bytes again (the part is whole pieces, or the whole chunk).
+    crc: Option<u32>,
 }
 
 impl ReadPart {
     pub fn bytes(&self) -> &[u8] {
         &self.buf.as_slice()[self.start..self.start + self.len]
+    }
+
+    /// The CRC32C of `bytes()`, if known without reading them.
+    pub fn crc(&self) -> Option<u32> {
+        self.crc
     }
 }
 
@@ -122,6 +130,17 @@ impl ObjectRead {
             data.extend_from_slice(part.bytes());
         }
         data
+    }
+
+    /// The CRC32C of the bytes returned, joined from the checked pieces' CRCs when every part
+    /// knows its own (reads of whole pieces: whole objects, aligned ranges); else computed.
+    pub fn crc(&self) -> u32 {
+        let mut joined = crate::crc::Joined::new();
+        for part in &self.parts {
+            let crc = part.crc().unwrap_or_else(|| crc32c::crc32c(part.bytes()));
+            joined.push(crc, part.len as u64);
+        }
+        joined.crc()
     }
 }
 
@@ -753,6 +772,7 @@ impl Store {
                 buf,
                 start: want.start as usize,
                 len: want.len(),
+                crc: (want == (0..data_bytes)).then_some(location.first_crc),
             });
         }
         let Range {
@@ -788,16 +808,20 @@ impl Store {
         };
         let header = self.chunk_header(header_bytes, key, record, chunk, data_bytes)?;
         let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
+        let mut joined = crate::crc::Joined::new();
         for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
             let index = first_piece as usize + offset;
-            if crc32c::crc32c(piece) != header.data_crcs[index] {
+            let crc = header.data_crcs[index];
+            if crc32c::crc32c(piece) != crc {
                 return Err(self.checksum_failed(key, record, chunk, "data"));
             }
+            joined.push(crc, piece.len() as u64);
         }
         Ok(ReadPart {
             buf: data,
             start: data_start + (want.start - span_start) as usize,
             len: want.len(),
+            crc: (want == (span_start..span_end)).then_some(joined.crc()),
         })
     }
 

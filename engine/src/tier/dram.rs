@@ -23,12 +23,14 @@ struct Resident {
     key: ObjectKey,
     seq: u64,
     data: Rc<[u8]>,
+    /// CRC32C of `data`, so that an answer's checksum costs no pass over the bytes.
+    crc: u32,
 }
 
 /// What a lookup found.
 pub enum Lookup {
-    /// The object's bytes, for the version asked.
-    Hit(Rc<[u8]>),
+    /// The object's bytes, for the version asked, and their CRC32C.
+    Hit(Rc<[u8]>, u32),
     /// Not held, but admitted: read the object whole and `fill` it.
     Fill,
     /// Not held and not admitted (or not a whole-object read): read NVMe only.
@@ -88,10 +90,10 @@ impl DramTier {
             .borrow()
             .get(&hash)
             .filter(|resident| resident.seq == seq && resident.key == *key)
-            .map(|resident| resident.data.clone());
+            .map(|resident| (resident.data.clone(), resident.crc));
         if bytes > self.object_bytes_max || !whole {
             // Not the tier's kind of read: a hit is served, nothing is admitted.
-            return self.count(held.map_or(Lookup::Pass, Lookup::Hit));
+            return self.count(held.map_or(Lookup::Pass, |(data, crc)| Lookup::Hit(data, crc)));
         }
         let access = {
             let mut evicted = self.evicted.borrow_mut();
@@ -100,7 +102,7 @@ impl DramTier {
             access
         };
         let lookup = match (access, held) {
-            (Access::Hit, Some(data)) => Lookup::Hit(data),
+            (Access::Hit, Some((data, crc))) => Lookup::Hit(data, crc),
             (Access::Hit, None) | (Access::MissAdmitted, _) => Lookup::Fill,
             (Access::MissRejected, _) => Lookup::Pass,
         };
@@ -110,14 +112,14 @@ impl DramTier {
     fn count(&self, lookup: Lookup) -> Lookup {
         let mut stats = self.stats.borrow_mut();
         match lookup {
-            Lookup::Hit(_) => stats.hits += 1,
+            Lookup::Hit(..) => stats.hits += 1,
             Lookup::Fill | Lookup::Pass => stats.misses += 1,
         }
         lookup
     }
 
-    /// The bytes of version `seq` of `key`, read after a `Fill`.
-    pub fn fill(&self, key: &ObjectKey, seq: u64, data: &[u8]) {
+    /// The bytes of version `seq` of `key`, read after a `Fill`, and their CRC32C.
+    pub fn fill(&self, key: &ObjectKey, seq: u64, data: &[u8], crc: u32) {
         let hash = self.hash(key);
         if !self.policy.borrow().contains(hash) {
             return; // evicted between the lookup and the read
@@ -126,6 +128,7 @@ impl DramTier {
             key: key.clone(),
             seq,
             data: Rc::from(data),
+            crc,
         };
         let mut stats = self.stats.borrow_mut();
         stats.bytes += data.len() as u64;
@@ -181,9 +184,12 @@ mod tests {
         let tier = DramTier::new(1 << 20).unwrap();
         let object = key("a");
         assert!(matches!(tier.lookup(&object, 7, 100, true), Lookup::Fill));
-        tier.fill(&object, 7, &[5u8; 100]);
+        tier.fill(&object, 7, &[5u8; 100], crc32c::crc32c(&[5u8; 100]));
         match tier.lookup(&object, 7, 100, true) {
-            Lookup::Hit(data) => assert_eq!(&data[..], &[5u8; 100][..]),
+            Lookup::Hit(data, crc) => {
+                assert_eq!(&data[..], &[5u8; 100][..]);
+                assert_eq!(crc, crc32c::crc32c(&data));
+            }
             _ => panic!("a filled object is a hit"),
         }
         // Another version on NVMe (a newer write): a miss, refilled.
@@ -215,7 +221,7 @@ mod tests {
         for round in 0..20_000u64 {
             let object = key(&format!("k{}", round % 997));
             if let Lookup::Fill = tier.lookup(&object, 1, 4096, true) {
-                tier.fill(&object, 1, &[1u8; 4096]);
+                tier.fill(&object, 1, &[1u8; 4096], crc32c::crc32c(&[1u8; 4096]));
             }
             assert!(tier.stats().bytes <= capacity, "round {round}");
         }
