@@ -26,10 +26,17 @@ use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
 use crate::rt::sync::WaitQueue;
 use crate::store::{
     resolve_range, ByteRange, DirectGet, DirectRead, ObjectKey, ObjectMeta, ObjectRead, Store,
+    StoredVersion,
 };
 use crate::tier::admission::{AdmissionStats, NvmeAdmission};
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
+
+/// Whether a read of `range` wants the whole of an object of `bytes` (only those fill the DRAM
+/// tier).
+fn whole(range: Option<ByteRange>, bytes: u64) -> bool {
+    range.is_none_or(|range| range.start == 0 && range.end.is_none_or(|end| end >= bytes))
+}
 
 /// Times a read starts over when the origin object changes under it.
 const READ_ATTEMPTS_MAX: usize = 3;
@@ -488,6 +495,61 @@ impl Cache {
         ))
     }
 
+    /// The object (whole, or `range`) from the DRAM tier, when it holds the version NVMe holds
+    /// and that version is current without asking the origin; `None` otherwise (and for a range
+    /// outside the object), with nothing counted: the caller then reads with `get_parts`.
+    /// Never waits, so a server can answer a hit where the request arrived.
+    pub fn get_memory(&self, key: &ObjectKey, range: Option<ByteRange>) -> Option<PartsRead> {
+        let dram = self.dram.as_ref()?;
+        let version = self.store.version(key)?;
+        if !version.dirty {
+            if let Some((origin, route)) = self.route(key).ok()? {
+                let current = route.revalidate == Revalidate::Immutable
+                    || origin.reads.fresh(key, route.revalidate).is_some();
+                if !current {
+                    return None;
+                }
+            }
+        }
+        resolve_range(range, version.bytes).ok()?;
+        if !dram.holds(key, version.seq) {
+            return None;
+        }
+        match dram.lookup(key, version.seq, version.bytes, whole(range, version.bytes)) {
+            Lookup::Hit(data, crc) => self.hit(key, version, range, data, crc).ok(),
+            Lookup::Fill | Lookup::Pass => None,
+        }
+    }
+
+    /// The answer to a read of `range` of `version` that the DRAM tier holds (`data`, whose
+    /// CRC32C is `crc`).
+    fn hit(
+        &self,
+        key: &ObjectKey,
+        version: StoredVersion,
+        range: Option<ByteRange>,
+        data: Rc<[u8]>,
+        crc: u32,
+    ) -> Result<PartsRead> {
+        self.store.touch(key);
+        let bytes = data.len() as u64;
+        let (start, end) = resolve_range(range, bytes)?;
+        let memory = ReadData::Memory {
+            range: 0..data.len(),
+            data,
+            crc: Some(crc),
+        };
+        Ok(PartsRead {
+            bytes,
+            seq: version.seq,
+            dirty: version.dirty,
+            start,
+            data: memory.narrowed(start as usize..end as usize),
+            from_origin: false,
+            copied_bytes: 0,
+        })
+    }
+
     /// The object from the DRAM tier, or from NVMe (filling the DRAM tier as its policy asks;
     /// a read into a target is served by a DRAM hit but fills nothing).
     async fn get_stored(
@@ -496,34 +558,13 @@ impl Cache {
         range: Option<ByteRange>,
         target: Option<&ExternalBuf>,
     ) -> Result<Option<Got>> {
-        if let (Some(dram), Some(meta)) = (&self.dram, self.store.head(key)) {
-            let whole = target.is_none()
-                && range.is_none_or(|range| {
-                    range.start == 0 && range.end.is_none_or(|end| end >= meta.bytes)
-                });
-            let answer = |data: ReadData, bytes: u64, seq: u64, copied_bytes: u64| {
-                let (start, end) = resolve_range(range, bytes)?;
-                Ok::<_, Error>(PartsRead {
-                    bytes,
-                    seq,
-                    dirty: meta.dirty,
-                    start,
-                    data: data.narrowed(start as usize..end as usize),
-                    from_origin: false,
-                    copied_bytes,
-                })
-            };
-            match dram.lookup(key, meta.seq, meta.bytes, whole) {
+        if let (Some(dram), Some(version)) = (&self.dram, self.store.version(key)) {
+            let whole = target.is_none() && whole(range, version.bytes);
+            match dram.lookup(key, version.seq, version.bytes, whole) {
                 Lookup::Hit(data, crc) => {
-                    self.store.touch(key);
-                    let bytes = data.len() as u64;
-                    let range = 0..data.len();
-                    let memory = ReadData::Memory {
-                        data,
-                        range,
-                        crc: Some(crc),
-                    };
-                    return answer(memory, bytes, meta.seq, 0).map(|read| Some(Got::Parts(read)));
+                    return self
+                        .hit(key, version, range, data, crc)
+                        .map(|read| Some(Got::Parts(read)));
                 }
                 Lookup::Fill => {
                     let Some(read) = self.store.get(key, None).await? else {
@@ -533,8 +574,16 @@ impl Cache {
                     let data = read.to_vec();
                     dram.fill(key, read.seq, &data, read.crc());
                     let bytes = data.len() as u64;
-                    return answer(ReadData::Owned(data), bytes, read.seq, 2 * bytes)
-                        .map(|read| Some(Got::Parts(read)));
+                    let (start, end) = resolve_range(range, bytes)?;
+                    return Ok(Some(Got::Parts(PartsRead {
+                        bytes,
+                        seq: read.seq,
+                        dirty: version.dirty,
+                        start,
+                        data: ReadData::Owned(data).narrowed(start as usize..end as usize),
+                        from_origin: false,
+                        copied_bytes: 2 * bytes,
+                    })));
                 }
                 Lookup::Pass => {}
             }

@@ -918,3 +918,67 @@ fn shard_aware_clients_skip_the_hop_between_shards() {
         forwarded[1]
     );
 }
+
+/// GETs of objects the DRAM tier holds are answered where they arrive, without a task (the
+/// shard-aware client brings every key to its own shard): the bytes, ranges and versions are
+/// those stored, a new version is never answered with the old bytes, a deleted object is not
+/// found, and every such GET is counted (requests, DRAM hits, latency).
+#[test]
+fn gets_answered_from_the_dram_tier_are_the_stored_bytes_of_the_current_version() {
+    let server = ServerProcess::start("dram-answers");
+    let mut client = hydrant_client::Client::connect(
+        std::slice::from_ref(&server.address),
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..40).map(|index| format!("hot-{index}")).collect();
+    let values: Vec<Vec<u8>> = (0..40)
+        .map(|index| pattern(index, 3000 + index as usize * 7))
+        .collect();
+    for (key, value) in keys.iter().zip(&values) {
+        client.put("b", key, value).unwrap();
+        // The first read fills the DRAM tier.
+        assert_eq!(&client.get("b", key, None).unwrap().1, value);
+    }
+    let hits_before = metric_total(&mut client, "hydrant_dram_hits_total");
+    let gets_before = metric_total(&mut client, "hydrant_request_duration_seconds_count");
+    let mut gets = 0;
+    for _ in 0..3 {
+        for (key, value) in keys.iter().zip(&values) {
+            let (info, bytes) = client.get("b", key, None).unwrap();
+            assert_eq!(&bytes, value);
+            assert_eq!(info.object_bytes, value.len() as u64);
+            let (info, bytes) = client.get("b", key, Some((100, Some(1100)))).unwrap();
+            assert_eq!(bytes, value[100..1100]);
+            assert_eq!(info.range_start, 100);
+            let (_, bytes) = client.get("b", key, Some((2990, None))).unwrap();
+            assert_eq!(bytes, value[2990..]);
+            gets += 3;
+        }
+    }
+    assert!(
+        metric_total(&mut client, "hydrant_dram_hits_total") - hits_before >= gets,
+        "every read was a DRAM hit"
+    );
+    assert_eq!(
+        metric_total(&mut client, "hydrant_request_duration_seconds_count") - gets_before,
+        gets,
+        "every GET is counted once"
+    );
+    // A range past the end is refused, from memory as from NVMe.
+    let error = client
+        .get("b", &keys[0], Some((1 << 20, None)))
+        .unwrap_err();
+    assert!(error.to_string().contains("range"), "{error}");
+    // A new version: its bytes, never the old copy's.
+    for (index, key) in keys.iter().enumerate().step_by(3) {
+        let newer = pattern(1000 + index as u64, 2000);
+        let written = client.put("b", key, &newer).unwrap();
+        let (info, bytes) = client.get("b", key, None).unwrap();
+        assert_eq!(bytes, newer);
+        assert_eq!(info.seq, written.seq);
+        assert_eq!(client.get("b", key, None).unwrap().1, newer);
+    }
+    client.delete("b", &keys[1]).unwrap();
+    assert!(client.get("b", &keys[1], None).is_err());
+}

@@ -25,7 +25,7 @@ use crate::{Error, ErrorKind, Result};
 
 use commit::{Commit, CommitStep};
 use index::{Chunks, Index, Location, ObjectRecord, RECORD_FLAG_DIRTY, RECORD_FLAG_VISITED};
-pub use index::{ObjectKey, ObjectMeta};
+pub use index::{ObjectKey, ObjectMeta, StoredVersion};
 
 /// The geometry every shard of a store shares (from the superblock).
 #[derive(Clone, Debug)]
@@ -409,6 +409,15 @@ impl Store {
         if let Some(record) = self.index.borrow_mut().get_mut(key) {
             record.flags |= RECORD_FLAG_VISITED;
         }
+    }
+
+    /// The object's size and version, without reading its data or copying its name.
+    pub fn version(&self, key: &ObjectKey) -> Option<StoredVersion> {
+        self.index.borrow().get(key).map(|record| StoredVersion {
+            bytes: record.bytes,
+            seq: record.seq,
+            dirty: record.dirty(),
+        })
     }
 
     /// The object's metadata, without reading its data.

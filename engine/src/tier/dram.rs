@@ -81,6 +81,14 @@ impl DramTier {
         self.hasher.hash_one(key.as_bytes())
     }
 
+    /// Whether the tier holds version `seq` of `key` (nothing counted, the policy not told).
+    pub fn holds(&self, key: &ObjectKey, seq: u64) -> bool {
+        self.residents
+            .borrow()
+            .get(&self.hash(key))
+            .is_some_and(|resident| resident.seq == seq && resident.key == *key)
+    }
+
     /// A read of `key`, whose version on NVMe is `seq` and whose size is `bytes`; `whole` when
     /// the read wants the whole object (only those are admitted). Counts a hit or a miss.
     pub fn lookup(&self, key: &ObjectKey, seq: u64, bytes: u64, whole: bool) -> Lookup {
