@@ -201,7 +201,9 @@ fn a_shard_accepts_receives_and_sends_on_loopback() {
         let connection = net::accept(fd).await.unwrap();
         let mut buf = IoBuf::heap(4096);
         loop {
-            let (read, filled) = net::recv(connection.as_raw_fd(), buf).await;
+            // The first receive waits for readiness first (POLL_FIRST), the others try at once.
+            let expect_wait = buf.is_empty();
+            let (read, filled) = net::recv(connection.as_raw_fd(), buf, expect_wait).await;
             buf = filled;
             if read.unwrap() == 0 {
                 break;

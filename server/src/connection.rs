@@ -429,7 +429,9 @@ impl Input {
                 _ => IoBuf::heap(want),
             };
             buf.set_len(0);
-            let (received, buf) = net::recv(self.socket, buf).await;
+            // With nothing pending, the peer is most likely still waiting for an answer.
+            let expect_wait = self.bytes.len() == self.start;
+            let (received, buf) = net::recv(self.socket, buf, expect_wait).await;
             let received = received?;
             if received == 0 {
                 if self.bytes.len() == self.start {

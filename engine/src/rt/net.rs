@@ -11,6 +11,9 @@ use io_uring::{opcode, types};
 use super::op::{submit_socket, Keep};
 use crate::buf::IoBuf;
 
+/// IORING_RECVSEND_POLL_FIRST (linux/io_uring.h, since 5.19): arm the poll before trying.
+const RECVSEND_POLL_FIRST: u16 = 1;
+
 /// Most connections a listener queues before the shard accepts them.
 const LISTEN_BACKLOG: i32 = 1024;
 
@@ -120,15 +123,20 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
 }
 
 /// Receive into `buf` after its current length, up to its capacity. Ok(0) means the peer
-/// closed the connection.
-pub async fn recv(socket: RawFd, mut buf: IoBuf) -> (io::Result<usize>, IoBuf) {
+/// closed the connection. With `expect_wait` (nothing is expected to be there yet: a server
+/// that has just answered waits for the next request) the ring waits for the socket to be
+/// readable before it tries, instead of trying once in vain first.
+pub async fn recv(socket: RawFd, mut buf: IoBuf, expect_wait: bool) -> (io::Result<usize>, IoBuf) {
     let filled = buf.len();
     let room = buf.capacity() - filled;
     assert!(room > 0, "recv into a full buffer");
     // SAFETY: the pointer stays inside buf's capacity, and buf is kept by the ring until the
     // completion arrives.
     let pointer = unsafe { buf.as_mut_ptr().add(filled) };
-    let entry = opcode::Recv::new(types::Fd(socket), pointer, room as u32).build();
+    let ioprio = if expect_wait { RECVSEND_POLL_FIRST } else { 0 };
+    let entry = opcode::Recv::new(types::Fd(socket), pointer, room as u32)
+        .ioprio(ioprio)
+        .build();
     let (result, keep) = submit_socket(entry, Keep::Buf(buf)).await;
     let mut buf = keep.into_buf();
     match result {
