@@ -138,22 +138,11 @@ impl SharedClient {
         let node = &self.inner.pools[index];
         retrying(&self.inner.policy, &self.inner.retries, || {
             let shards = node.shard_pools();
-            let mut connection = match shards
-                .as_ref()
-                .and_then(|shards| shards.pool_for(bucket, key))
-            {
-                Some(shard) => match shard.try_take() {
-                    Some(Ok(connection)) => connection,
-                    // Unreachable: the node's own port from now on.
-                    Some(Err(_)) => {
-                        node.disable_shards();
-                        node.take()?
-                    }
-                    // Every connection to the shard is busy: the node's port, without waiting.
-                    None => node.take()?,
-                },
-                None => node.take()?,
-            };
+            let mut connection = node.take_for_shard(
+                shards
+                    .as_ref()
+                    .and_then(|shards| shards.pool_for(bucket, key)),
+            )?;
             let address = connection.pool_address().to_string();
             let result = operation(&mut connection);
             if result.is_err() && connection.broken {

@@ -12,6 +12,7 @@ use crate::connection::PipelinedRequest;
 use crate::error::Result;
 use crate::frames::Frame;
 use crate::placement::node_for;
+use crate::pool::NodePool;
 use crate::ItemResult;
 
 /// Requests gathered to be sent together: add them, then [`Pipeline::run`].
@@ -30,8 +31,14 @@ pub struct Pipeline<'a> {
     requests: Vec<Queued<'a>>,
 }
 
+/// The requests sent on one connection: a node, and the shard of that node that owns them all
+/// (`None` when the node offers no shard ports).
+type Group = (usize, Option<usize>);
+
 struct Queued<'a> {
     node: usize,
+    bucket: String,
+    key: String,
     request: PipelinedRequest<'a>,
 }
 
@@ -45,7 +52,12 @@ impl<'a> Pipeline<'a> {
 
     fn push(&mut self, bucket: &str, key: &str, request: PipelinedRequest<'a>) -> usize {
         let node = node_for(&self.inner.addresses, bucket, key);
-        self.requests.push(Queued { node, request });
+        self.requests.push(Queued {
+            node,
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            request,
+        });
         self.requests.len() - 1
     }
 
@@ -94,31 +106,41 @@ impl<'a> Pipeline<'a> {
         self.requests.is_empty()
     }
 
-    /// Send every request (one connection per node, the nodes at once) and return each one's
-    /// result at its position. Requests answered with a retriable status are sent again, and a
-    /// node's requests are all sent again when its connection breaks, within the client's
+    /// Send every request (one connection per node, or per shard of a node that offers the
+    /// shard-aware path, all at once) and return each one's result at its position. Requests
+    /// answered with a retriable status are sent again, and a group's requests are all sent
+    /// again when its connection breaks (then on the node's own port), within the client's
     /// retry bounds; the error is that of the last attempt. `Err` when a node's connection
     /// could not be used after the retries.
     pub fn run(self) -> Result<Vec<ItemResult>> {
-        let nodes = self.inner.pools.len();
-        let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); nodes];
+        let shards: Vec<_> = self
+            .inner
+            .pools
+            .iter()
+            .map(|pool| pool.shard_pools())
+            .collect();
+        let mut groups: std::collections::BTreeMap<Group, Vec<usize>> =
+            std::collections::BTreeMap::new();
         for (index, queued) in self.requests.iter().enumerate() {
-            per_node[queued.node].push(index);
+            let shard = shards[queued.node]
+                .as_ref()
+                .and_then(|shards| shards.shard_for(&queued.bucket, &queued.key));
+            groups.entry((queued.node, shard)).or_default().push(index);
         }
         let mut results: Vec<Option<ItemResult>> = (0..self.requests.len()).map(|_| None).collect();
-        let busy: Vec<(usize, Vec<usize>)> = per_node
-            .into_iter()
-            .enumerate()
-            .filter(|(_, indices)| !indices.is_empty())
-            .collect();
+        let busy: Vec<(Group, Vec<usize>)> = groups.into_iter().collect();
+        let run_group = |(node, shard): Group, indices: &[usize]| {
+            let shard_pool = shard.and_then(|shard| shards[node].as_ref()?.pool(shard));
+            self.run_node(node, shard_pool, indices)
+        };
         let answers: Vec<Result<Vec<(usize, ItemResult)>>> = if busy.len() == 1 {
-            vec![self.run_node(busy[0].0, &busy[0].1)]
+            vec![run_group(busy[0].0, &busy[0].1)]
         } else {
-            let this = &self;
+            let run_group = &run_group;
             std::thread::scope(|scope| {
                 let workers: Vec<_> = busy
                     .iter()
-                    .map(|(node, indices)| scope.spawn(move || this.run_node(*node, indices)))
+                    .map(|(group, indices)| scope.spawn(move || run_group(*group, indices)))
                     .collect();
                 workers
                     .into_iter()
@@ -137,9 +159,15 @@ impl<'a> Pipeline<'a> {
             .collect())
     }
 
-    /// One node's requests (`indices` into `self.requests`), in rounds: each round sends what
-    /// is still pending; retriable answers stay pending for the next round.
-    fn run_node(&self, node: usize, indices: &[usize]) -> Result<Vec<(usize, ItemResult)>> {
+    /// One node's requests (`indices` into `self.requests`), on the port of `shard` (the pool
+    /// of the shard that owns them all) when given, in rounds: each round sends what is still
+    /// pending; retriable answers stay pending for the next round.
+    fn run_node(
+        &self,
+        node: usize,
+        mut shard: Option<&NodePool>,
+        indices: &[usize],
+    ) -> Result<Vec<(usize, ItemResult)>> {
         let policy = &self.inner.policy;
         let pool = &self.inner.pools[node];
         let started = Instant::now();
@@ -151,10 +179,16 @@ impl<'a> Pipeline<'a> {
                 .iter()
                 .map(|&index| &self.requests[index].request)
                 .collect();
-            let round = pool
-                .take()
-                .and_then(|mut connection| connection.pipeline(&requests))
-                .map_err(|error| error.at(&pool.address));
+            let round = pool.take_for_shard(shard).and_then(|mut connection| {
+                let address = connection.pool_address().to_string();
+                let answers = connection.pipeline(&requests);
+                if answers.is_err() && connection.broken && shard.is_some() {
+                    // The server may have restarted on new ports: the node's port from now on.
+                    pool.forget_shards();
+                    shard = None;
+                }
+                answers.map_err(|error| error.at(&address))
+            });
             let answers = match round {
                 Ok(answers) => answers,
                 Err(error) => match policy.wait_before(retry, started, &error) {

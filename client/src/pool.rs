@@ -31,11 +31,19 @@ pub(crate) struct ShardPools {
 }
 
 impl ShardPools {
+    /// The shard that owns (bucket, key).
+    pub(crate) fn shard_for(&self, bucket: &str, key: &str) -> Option<usize> {
+        crate::placement::shard_for(self.placement_hash, self.pools.len() as u16, bucket, key)
+    }
+
+    /// The pool of shard `shard`.
+    pub(crate) fn pool(&self, shard: usize) -> Option<&NodePool> {
+        self.pools.get(shard)
+    }
+
     /// The pool of the shard that owns (bucket, key).
     pub(crate) fn pool_for(&self, bucket: &str, key: &str) -> Option<&NodePool> {
-        let shard =
-            crate::placement::shard_for(self.placement_hash, self.pools.len() as u16, bucket, key)?;
-        self.pools.get(shard)
+        self.pool(self.shard_for(bucket, key)?)
     }
 }
 
@@ -116,6 +124,24 @@ impl NodePool {
             .shards
             .lock()
             .unwrap_or_else(|poison| poison.into_inner()) = Some(None);
+    }
+
+    /// A connection for requests of one shard of this node: from `shard`'s own pool when there
+    /// is one with a connection free or room for one, else (every connection to the shard busy,
+    /// or the shard's port unreachable, which turns the shard ports off for the node) one of
+    /// the node's own.
+    pub(crate) fn take_for_shard<'a>(
+        &'a self,
+        shard: Option<&'a NodePool>,
+    ) -> Result<PooledConnection<'a>> {
+        match shard.map(NodePool::try_take) {
+            Some(Some(Ok(connection))) => Ok(connection),
+            Some(Some(Err(_))) => {
+                self.disable_shards();
+                self.take()
+            }
+            Some(None) | None => self.take(),
+        }
     }
 
     /// Learn the node's shard ports from a connection's HELLO, unless they are known.

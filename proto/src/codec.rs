@@ -115,6 +115,12 @@ impl<'a> Reader<'a> {
         self.bytes.len() - self.position
     }
 
+    /// Pass over what is left (fields appended by a later server, which this reader does not
+    /// know).
+    pub fn skip_rest(&mut self) {
+        self.position = self.bytes.len();
+    }
+
     /// The whole input must have been read: trailing bytes are an error.
     pub fn finish(self) -> Result<(), ProtoError> {
         if self.position != self.bytes.len() {

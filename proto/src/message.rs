@@ -139,6 +139,9 @@ impl Message for HelloResponse {
         if shard_ports.contains(&0) {
             return Err(ProtoError::Malformed("a shard port is 0"));
         }
+        // HELLO's answer is the one extension that grows: later servers append fields, which
+        // this client does not know and passes over.
+        reader.skip_rest();
         Ok(HelloResponse {
             version,
             limits,
@@ -510,6 +513,17 @@ mod tests {
             shard_ports: vec![7701, 7702],
         };
         assert_eq!(HelloResponse::decode(&answer.encode()), Ok(answer.clone()));
+        // A later server's answer with fields appended: the known ones decode, the rest is
+        // passed over; an answer that ends after the placement hash offers no shard ports.
+        let mut grown = answer.encode();
+        grown.extend_from_slice(&[9, 9, 9, 9, 9]);
+        assert_eq!(HelloResponse::decode(&grown), Ok(answer.clone()));
+        let mut older = answer.encode();
+        older.truncate(older.len() - 6);
+        assert_eq!(
+            HelloResponse::decode(&older).map(|hello| hello.shard_ports),
+            Ok(Vec::new())
+        );
         let none = HelloResponse {
             shard_ports: Vec::new(),
             ..answer.clone()

@@ -879,7 +879,8 @@ fn metric_total(client: &mut hydrant_client::Client, name: &str) -> u64 {
 }
 
 /// The shard-aware path: HELLO tells each shard's own port, the client sends each key's requests
-/// there, and no request is forwarded between the server's shards; a server started with
+/// there (single requests and pipelines alike), and no request is forwarded between the
+/// server's shards; a server started with
 /// --no-shard-ports offers none, and the same requests then cross shards about half the time.
 #[test]
 fn shard_aware_clients_skip_the_hop_between_shards() {
@@ -909,12 +910,27 @@ fn shard_aware_clients_skip_the_hop_between_shards() {
                 value.len() as u64
             );
         }
+        // A pipeline: each shard's requests on that shard's own connection.
+        let mut pipeline = client.pipeline();
+        let positions: Vec<(usize, usize)> = keys
+            .iter()
+            .map(|key| (pipeline.get("b", key, None), pipeline.head("b", key)))
+            .collect();
+        let results = pipeline.run().unwrap();
+        for (index, (get, head)) in positions.into_iter().enumerate() {
+            let expected = vec![index as u8; 1000 + index];
+            assert_eq!(results[get].as_ref().unwrap().1, expected);
+            assert_eq!(
+                results[head].as_ref().unwrap().0.object_bytes,
+                expected.len() as u64
+            );
+        }
         forwarded.push(metric_total(&mut client, "hydrant_requests_forwarded_total") - before);
     }
     assert_eq!(forwarded[0], 0, "every request reached its own shard");
     assert!(
-        forwarded[1] >= 3 * 16,
-        "without shard ports about half of 192 requests cross shards: {}",
+        forwarded[1] >= 4 * 16,
+        "without shard ports about half of 320 requests cross shards: {}",
         forwarded[1]
     );
 }
