@@ -132,16 +132,32 @@ impl SharedClient {
         &self,
         bucket: &str,
         key: &str,
-        mut operation: impl FnMut(&mut Connection) -> Result<T>,
+        operation: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
         let index = self.owner(bucket, key);
+        let shard = self.inner.pools[index]
+            .shard_pools()
+            .and_then(|shards| shards.shard_for(bucket, key));
+        self.on_node_shard(index, shard, operation)
+    }
+
+    /// Run `operation` on a connection to node `index`, with retries: on shard `shard`'s own
+    /// port when given and the node offers the shard-aware path, else (or when every connection
+    /// to the shard is busy, or its port is unreachable) on the node's.
+    fn on_node_shard<T>(
+        &self,
+        index: usize,
+        shard: Option<usize>,
+        mut operation: impl FnMut(&mut Connection) -> Result<T>,
+    ) -> Result<T> {
         let node = &self.inner.pools[index];
         retrying(&self.inner.policy, &self.inner.retries, || {
             let shards = node.shard_pools();
             let mut connection = node.take_for_shard(
                 shards
                     .as_ref()
-                    .and_then(|shards| shards.pool_for(bucket, key)),
+                    .zip(shard)
+                    .and_then(|(shards, shard)| shards.pool(shard)),
             )?;
             let address = connection.pool_address().to_string();
             let result = operation(&mut connection);
@@ -258,10 +274,30 @@ impl SharedClient {
             per_node[self.owner(&item.bucket, &item.key)].push(index);
         }
         let mut results: Vec<Option<ItemResult>> = (0..items.len()).map(|_| None).collect();
+        // Each node's items by the shard that owns them (one batch per shard's port when the
+        // node offers the shard-aware path, so that no item crosses the server's cores).
+        let mut per_shard: Vec<(usize, Option<usize>, Vec<usize>)> = Vec::new();
         for (node, indices) in per_node.into_iter().enumerate() {
             if indices.is_empty() {
                 continue;
             }
+            let Some(shards) = self.inner.pools[node].shard_pools() else {
+                per_shard.push((node, None, indices));
+                continue;
+            };
+            let mut groups: std::collections::BTreeMap<Option<usize>, Vec<usize>> =
+                std::collections::BTreeMap::new();
+            for index in indices {
+                let shard = shards.shard_for(&items[index].bucket, &items[index].key);
+                groups.entry(shard).or_default().push(index);
+            }
+            per_shard.extend(
+                groups
+                    .into_iter()
+                    .map(|(shard, indices)| (node, shard, indices)),
+            );
+        }
+        for (node, shard, indices) in per_shard {
             let limits = self
                 .inner
                 .on_node(node, &self.inner.policy, |connection| Ok(connection.limits))?;
@@ -275,7 +311,7 @@ impl SharedClient {
                         })
                         .collect(),
                 };
-                let answers = self.inner.on_node(node, &self.inner.policy, |connection| {
+                let answers = self.on_node_shard(node, shard, |connection| {
                     connection.batch(&request, in_order)
                 })?;
                 for (position, answer) in group.into_iter().zip(answers) {

@@ -40,11 +40,6 @@ impl ShardPools {
     pub(crate) fn pool(&self, shard: usize) -> Option<&NodePool> {
         self.pools.get(shard)
     }
-
-    /// The pool of the shard that owns (bucket, key).
-    pub(crate) fn pool_for(&self, bucket: &str, key: &str) -> Option<&NodePool> {
-        self.pool(self.shard_for(bucket, key)?)
-    }
 }
 
 struct PoolState {

@@ -879,7 +879,7 @@ fn metric_total(client: &mut hydrant_client::Client, name: &str) -> u64 {
 }
 
 /// The shard-aware path: HELLO tells each shard's own port, the client sends each key's requests
-/// there (single requests and pipelines alike), and no request is forwarded between the
+/// there (single requests, pipelines and batches alike), and no request is forwarded between the
 /// server's shards; a server started with
 /// --no-shard-ports offers none, and the same requests then cross shards about half the time.
 #[test]
@@ -925,12 +925,25 @@ fn shard_aware_clients_skip_the_hop_between_shards() {
                 expected.len() as u64
             );
         }
+        // A batch: each shard's items in a batch on that shard's own connection.
+        let items: Vec<hydrant_client::GetItem> = keys
+            .iter()
+            .map(|key| hydrant_client::GetItem {
+                bucket: "b".into(),
+                key: key.clone(),
+                range: None,
+            })
+            .collect();
+        let answers = client.batch_get(&items, true).unwrap();
+        for (index, answer) in answers.iter().enumerate() {
+            assert_eq!(answer.as_ref().unwrap().1, vec![index as u8; 1000 + index]);
+        }
         forwarded.push(metric_total(&mut client, "hydrant_requests_forwarded_total") - before);
     }
     assert_eq!(forwarded[0], 0, "every request reached its own shard");
     assert!(
-        forwarded[1] >= 4 * 16,
-        "without shard ports about half of 320 requests cross shards: {}",
+        forwarded[1] >= 5 * 16,
+        "without shard ports about half of 384 requests cross shards: {}",
         forwarded[1]
     );
 }
