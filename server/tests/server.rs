@@ -879,9 +879,9 @@ fn metric_total(client: &mut hydrant_client::Client, name: &str) -> u64 {
 }
 
 /// The shard-aware path: HELLO tells each shard's own port, the client sends each key's requests
-/// there (single requests, pipelines and batches alike), and no request is forwarded between the
-/// server's shards; a server started with
-/// --no-shard-ports offers none, and the same requests then cross shards about half the time.
+/// there (single requests, pipelines and batches, blocking and async alike), and no request is
+/// forwarded between the server's shards; a server started with --no-shard-ports offers none,
+/// and the same requests then cross shards about half the time.
 #[test]
 fn shard_aware_clients_skip_the_hop_between_shards() {
     let keys: Vec<String> = (0..64).map(|index| format!("key-{index}")).collect();
@@ -938,12 +938,29 @@ fn shard_aware_clients_skip_the_hop_between_shards() {
         for (index, answer) in answers.iter().enumerate() {
             assert_eq!(answer.as_ref().unwrap().1, vec![index as u8; 1000 + index]);
         }
+        // The async client's single-key calls.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let config = hydrant_client::ClientConfig::new(std::slice::from_ref(&server.address));
+            let client = hydrant_client::AsyncClient::connect(config).await.unwrap();
+            for (index, key) in keys.iter().enumerate() {
+                let expected = vec![index as u8; 1000 + index];
+                assert_eq!(client.get("b", key, None).await.unwrap().1, expected);
+                assert_eq!(
+                    client.head("b", key).await.unwrap().object_bytes,
+                    expected.len() as u64
+                );
+            }
+        });
         forwarded.push(metric_total(&mut client, "hydrant_requests_forwarded_total") - before);
     }
     assert_eq!(forwarded[0], 0, "every request reached its own shard");
     assert!(
-        forwarded[1] >= 5 * 16,
-        "without shard ports about half of 384 requests cross shards: {}",
+        forwarded[1] >= 6 * 16,
+        "without shard ports about half of 512 requests cross shards: {}",
         forwarded[1]
     );
 }

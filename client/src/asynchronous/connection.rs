@@ -20,8 +20,19 @@ use crate::frames::{hello, random_nonce, request_frames, Frame};
 /// Bytes the background reader buffers from the socket, so that small answers take one read.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
+/// What HELLO told of the server's shards, when it offers a port per shard.
+#[derive(Clone, Debug)]
+pub(crate) struct ShardMap {
+    pub(crate) placement_hash: u32,
+    pub(crate) ports: Vec<u16>,
+    /// The address this connection reached (a name may resolve to several).
+    pub(crate) peer: Option<std::net::SocketAddr>,
+}
+
 pub(crate) struct AsyncConnection {
     pub(crate) limits: Limits,
+    /// `None` when the server offers no shard ports (or has one shard: no hop to skip).
+    pub(crate) shard_map: Option<ShardMap>,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     waiting: Arc<Waiting>,
     next_request_id: std::sync::atomic::AtomicU64,
@@ -138,7 +149,15 @@ impl AsyncConnection {
                 format!("no connection and HELLO within {connect_timeout:?}"),
             ))
         })?;
-        let (stream, limits) = greeting?;
+        let (stream, greeting) = greeting?;
+        let limits = greeting.limits;
+        let shard_map = (greeting.shard_count > 1
+            && greeting.shard_ports.len() == greeting.shard_count as usize)
+            .then(|| ShardMap {
+                placement_hash: greeting.placement_hash,
+                ports: greeting.shard_ports.clone(),
+                peer: stream.peer_addr().ok(),
+            });
         let (read_half, write_half) = stream.into_split();
         let waiting = Arc::new(Waiting {
             state: Mutex::new(WaitingState {
@@ -153,6 +172,7 @@ impl AsyncConnection {
         ));
         Ok(AsyncConnection {
             limits,
+            shard_map,
             writer: tokio::sync::Mutex::new(write_half),
             waiting,
             next_request_id: std::sync::atomic::AtomicU64::new(1),
@@ -308,8 +328,12 @@ async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, limits: &Limits) -> Re
 }
 
 /// HELLO, and HELLO again with the proof of `token` when the server asks for it; returns the
-/// negotiated limits.
-async fn greet(stream: &mut TcpStream, address: &str, token: Option<&[u8]>) -> Result<Limits> {
+/// server's answer (the negotiated limits, its shards).
+async fn greet(
+    stream: &mut TcpStream,
+    address: &str,
+    token: Option<&[u8]>,
+) -> Result<HelloResponse> {
     let client_nonce = random_nonce();
     let mut greeting = hello_exchange(stream, 1, &hello(client_nonce, None)).await?;
     if greeting.auth_required {
@@ -319,7 +343,7 @@ async fn greet(stream: &mut TcpStream, address: &str, token: Option<&[u8]>) -> R
         let proof = hydrant_proto::auth::proof(token, &greeting.server_nonce, &client_nonce);
         greeting = hello_exchange(stream, 2, &hello(client_nonce, Some(proof))).await?;
     }
-    Ok(greeting.limits)
+    Ok(greeting)
 }
 
 async fn hello_exchange<S: AsyncRead + AsyncWrite + Unpin>(

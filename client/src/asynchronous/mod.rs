@@ -48,9 +48,107 @@ struct AsyncNodePool {
     request_timeout: Duration,
     connections_max: usize,
     connections: tokio::sync::Mutex<Vec<Arc<AsyncConnection>>>,
+    /// The shard-aware path, as in the blocking client's pool: a pool per shard of this node,
+    /// learnt from the HELLO of a connection opened (`Some(None)`: the node offers none, or
+    /// they are turned off; `None`: not known yet, or forgotten after a shard's connection
+    /// broke). Shard pools have none of their own.
+    shards: std::sync::Mutex<Option<Option<Arc<AsyncShards>>>>,
+    shard_aware: bool,
+}
+
+/// The pools of one node's shards, and how keys map to shards.
+struct AsyncShards {
+    placement_hash: u32,
+    pools: Vec<AsyncNodePool>,
+}
+
+impl AsyncShards {
+    fn shard_for(&self, bucket: &str, key: &str) -> Option<usize> {
+        crate::placement::shard_for(self.placement_hash, self.pools.len() as u16, bucket, key)
+    }
 }
 
 impl AsyncNodePool {
+    fn new(address: &str, config: &ClientConfig) -> AsyncNodePool {
+        AsyncNodePool {
+            address: address.to_string(),
+            token: config.token.clone(),
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            connections_max: config.max_connections_per_node,
+            connections: tokio::sync::Mutex::new(Vec::new()),
+            shards: std::sync::Mutex::new(None),
+            shard_aware: config.shard_aware,
+        }
+    }
+
+    fn shards_state(&self) -> std::sync::MutexGuard<'_, Option<Option<Arc<AsyncShards>>>> {
+        self.shards
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// This node's shard pools, when it offers shard ports and they are known.
+    fn shards(&self) -> Option<Arc<AsyncShards>> {
+        self.shards_state().clone().flatten()
+    }
+
+    /// A shard's connection broke: the server may have restarted on new ports; the next
+    /// connection opened to the node learns them again.
+    fn forget_shards(&self) {
+        *self.shards_state() = None;
+    }
+
+    /// A shard's port could not be reached: the node's port only, until a connection breaks.
+    fn disable_shards(&self) {
+        *self.shards_state() = Some(None);
+    }
+
+    /// A pool for a shard of this node at `address`, opened like this one.
+    fn shard_pool(&self, address: &str, connections_max: usize) -> AsyncNodePool {
+        AsyncNodePool {
+            address: address.to_string(),
+            token: self.token.clone(),
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+            connections_max,
+            connections: tokio::sync::Mutex::new(Vec::new()),
+            shards: std::sync::Mutex::new(Some(None)),
+            shard_aware: false,
+        }
+    }
+
+    fn learn_shards(&self, connection: &AsyncConnection) {
+        let mut known = self.shards_state();
+        if !self.shard_aware || known.is_some() {
+            return;
+        }
+        let host = self
+            .address
+            .rsplit_once(':')
+            .map_or(self.address.as_str(), |(host, _)| host);
+        *known = Some(connection.shard_map.as_ref().map(|map| {
+            let per_shard = self.connections_max.div_ceil(map.ports.len());
+            Arc::new(AsyncShards {
+                placement_hash: map.placement_hash,
+                pools: map
+                    .ports
+                    .iter()
+                    .map(|&port| {
+                        let address = match map.peer {
+                            Some(mut peer) => {
+                                peer.set_port(port);
+                                peer.to_string()
+                            }
+                            None => format!("{host}:{port}"),
+                        };
+                        self.shard_pool(&address, per_shard)
+                    })
+                    .collect(),
+            })
+        }));
+    }
+
     async fn take(&self) -> Result<Arc<AsyncConnection>> {
         let mut connections = self.connections.lock().await;
         connections.retain(|connection| !connection.is_broken());
@@ -76,6 +174,7 @@ impl AsyncNodePool {
             .map_err(|error| error.at(&self.address))?,
         );
         connections.push(connection.clone());
+        self.learn_shards(&connection);
         Ok(connection)
     }
 }
@@ -116,14 +215,7 @@ impl AsyncClient {
         let pools: Vec<AsyncNodePool> = config
             .servers
             .iter()
-            .map(|address| AsyncNodePool {
-                address: address.clone(),
-                token: config.token.clone(),
-                connect_timeout: config.connect_timeout,
-                request_timeout: config.request_timeout,
-                connections_max: config.max_connections_per_node,
-                connections: tokio::sync::Mutex::new(Vec::new()),
-            })
+            .map(|address| AsyncNodePool::new(address, &config))
             .collect();
         for pool in &pools {
             pool.take().await?;
@@ -161,9 +253,49 @@ impl AsyncClient {
         payload: &[u8],
         answer_timeout: Option<Option<Duration>>,
     ) -> Result<Frame> {
-        let pool = &self.inner.pools[index];
+        self.call_shard(
+            index,
+            None,
+            policy,
+            opcode,
+            extension,
+            payload,
+            answer_timeout,
+        )
+        .await
+    }
+
+    /// `call`, on shard `shard`'s own port when given and the node offers the shard-aware
+    /// path; a shard port that cannot be reached turns the path off for the node, and a shard
+    /// connection that breaks makes the node's ports be learnt again.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_shard(
+        &self,
+        index: usize,
+        shard: Option<usize>,
+        policy: &RetryPolicy,
+        opcode: Opcode,
+        extension: &[u8],
+        payload: &[u8],
+        answer_timeout: Option<Option<Duration>>,
+    ) -> Result<Frame> {
+        let node = &self.inner.pools[index];
         retrying(policy, &self.inner.retries, move || async move {
-            let connection = pool.take().await?;
+            let shards = shard.and_then(|_| node.shards());
+            let shard_pool = shards
+                .as_ref()
+                .zip(shard)
+                .and_then(|(shards, shard)| shards.pools.get(shard));
+            let (pool, connection) = match shard_pool {
+                Some(pool) => match pool.take().await {
+                    Ok(connection) => (pool, connection),
+                    Err(_) => {
+                        node.disable_shards();
+                        (node, node.take().await?)
+                    }
+                },
+                None => (node, node.take().await?),
+            };
             let answer = connection
                 .send(
                     opcode,
@@ -173,11 +305,14 @@ impl AsyncClient {
                     answer_timeout,
                 )
                 .await;
-            match answer {
+            let result = match answer {
                 Ok(answer) => answer.whole().await,
                 Err(error) => Err(error),
+            };
+            if result.is_err() && shard_pool.is_some() && connection.is_broken() {
+                node.forget_shards();
             }
-            .map_err(|error| error.at(&pool.address))
+            result.map_err(|error| error.at(&pool.address))
         })
         .await
     }
@@ -191,8 +326,19 @@ impl AsyncClient {
         payload: &[u8],
     ) -> Result<Frame> {
         let index = self.owner(bucket, key);
-        self.call(index, &self.inner.policy, opcode, extension, payload, None)
-            .await
+        let shard = self.inner.pools[index]
+            .shards()
+            .and_then(|shards| shards.shard_for(bucket, key));
+        self.call_shard(
+            index,
+            shard,
+            &self.inner.policy,
+            opcode,
+            extension,
+            payload,
+            None,
+        )
+        .await
     }
 
     pub async fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectInfo> {
