@@ -297,11 +297,22 @@ impl SharedClient {
                     .map(|(shard, indices)| (node, shard, indices)),
             );
         }
-        for (node, shard, indices) in per_shard {
-            let limits = self
-                .inner
-                .on_node(node, &self.inner.policy, |connection| Ok(connection.limits))?;
-            for group in batch_groups(items, &indices, &limits) {
+        // The negotiated limits, once per node.
+        let mut limits = vec![None; self.inner.pools.len()];
+        for &(node, _, _) in &per_shard {
+            if limits[node].is_none() {
+                limits[node] = Some(self.inner.on_node(
+                    node,
+                    &self.inner.policy,
+                    |connection| Ok(connection.limits),
+                )?);
+            }
+        }
+        // The groups at once (a few threads at most), each group's batches one after another.
+        let outcomes = run_bounded(&per_shard, GROUP_WORKERS_MAX, |(node, shard, indices)| {
+            let limits = limits[*node].expect("read above");
+            let mut answered = Vec::with_capacity(indices.len());
+            for group in batch_groups(items, indices, &limits) {
                 let request = BatchGetRequest {
                     items: group
                         .iter()
@@ -311,12 +322,18 @@ impl SharedClient {
                         })
                         .collect(),
                 };
-                let answers = self.on_node_shard(node, shard, |connection| {
+                let answers = self.on_node_shard(*node, *shard, |connection| {
                     connection.batch(&request, in_order)
                 })?;
                 for (position, answer) in group.into_iter().zip(answers) {
-                    results[indices[position]] = Some(answer);
+                    answered.push((indices[position], answer));
                 }
+            }
+            Ok::<_, ClientError>(answered)
+        });
+        for outcome in outcomes {
+            for (index, answer) in outcome? {
+                results[index] = Some(answer);
             }
         }
         Ok(results
@@ -482,6 +499,44 @@ impl SharedClient {
 
 /// Split one node's items (positions into `indices`) into batches that fit the negotiated
 /// extension size and item count.
+/// Most threads one call uses to reach several nodes or shards at once.
+pub(crate) const GROUP_WORKERS_MAX: usize = 16;
+
+/// `work(item)` for every item, on at most `workers_max` scoped threads taking items in turn
+/// (on the caller's thread when there is one item); the results in the items' order.
+pub(crate) fn run_bounded<T: Sync, R: Send>(
+    items: &[T],
+    workers_max: usize,
+    work: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(work).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers_max.clamp(1, items.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(index) else {
+                            return done;
+                        };
+                        done.push((index, work(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().expect("a worker does not panic"))
+            .collect()
+    });
+    results.sort_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, result)| result).collect()
+}
+
 pub(crate) fn batch_groups(
     items: &[GetItem],
     indices: &[usize],

@@ -7,7 +7,7 @@ use std::time::Instant;
 use hydrant_proto::message::{Message, ObjectInfo, PutRequest};
 use hydrant_proto::Opcode;
 
-use crate::blocking::{get_request, object_name, Inner};
+use crate::blocking::{get_request, object_name, run_bounded, Inner, GROUP_WORKERS_MAX};
 use crate::connection::PipelinedRequest;
 use crate::error::Result;
 use crate::frames::Frame;
@@ -133,21 +133,9 @@ impl<'a> Pipeline<'a> {
             let shard_pool = shard.and_then(|shard| shards[node].as_ref()?.pool(shard));
             self.run_node(node, shard_pool, indices)
         };
-        let answers: Vec<Result<Vec<(usize, ItemResult)>>> = if busy.len() == 1 {
-            vec![run_group(busy[0].0, &busy[0].1)]
-        } else {
-            let run_group = &run_group;
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = busy
-                    .iter()
-                    .map(|(group, indices)| scope.spawn(move || run_group(*group, indices)))
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|worker| worker.join().expect("a pipeline worker does not panic"))
-                    .collect()
-            })
-        };
+        let answers = run_bounded(&busy, GROUP_WORKERS_MAX, |(group, indices)| {
+            run_group(*group, indices)
+        });
         for node_answers in answers {
             for (index, result) in node_answers? {
                 results[index] = Some(result);
@@ -175,6 +163,11 @@ impl<'a> Pipeline<'a> {
         let mut done = Vec::with_capacity(indices.len());
         let mut retry = 0;
         loop {
+            if shard.is_some() && pool.shard_pools().is_none() {
+                // A shard port was unreachable (or a shard connection broke) since: the node's
+                // port for what is left.
+                shard = None;
+            }
             let requests: Vec<&PipelinedRequest<'_>> = pending
                 .iter()
                 .map(|&index| &self.requests[index].request)

@@ -517,7 +517,12 @@ impl Cache {
         }
         match dram.lookup(key, version.seq, version.bytes, whole(range, version.bytes)) {
             Lookup::Hit(data, crc) => self.hit(key, version, range, data, crc).ok(),
-            Lookup::Fill | Lookup::Pass => None,
+            Lookup::Fill | Lookup::Pass => {
+                // A held version is a hit for the policy (it holds what the tier holds): this
+                // lookup was counted, and the usual path would count it again.
+                debug_assert!(false, "the DRAM tier held {key:?} but did not hit");
+                None
+            }
         }
     }
 
@@ -578,7 +583,7 @@ impl Cache {
                     return Ok(Some(Got::Parts(PartsRead {
                         bytes,
                         seq: read.seq,
-                        dirty: version.dirty,
+                        dirty: read.dirty,
                         start,
                         data: ReadData::Owned(data).narrowed(start as usize..end as usize),
                         from_origin: false,

@@ -132,3 +132,65 @@ fn under_zipf_the_dram_tier_hits_as_the_simulator_predicts() {
     // The capacity holds a tenth of the keys; Zipf(1.0) still makes most reads hits.
     assert!(engine_hit_ratio > 0.4, "{engine_hit_ratio}");
 }
+
+/// What a server may answer from the DRAM tier without waiting (`Cache::get_memory`): only the
+/// version NVMe holds, and only while it is current without asking the origin. Under a TTL, a
+/// copy the tier still holds is not answered once the TTL has run out (the usual read then
+/// revalidates it and finds the origin's new bytes).
+#[test]
+fn answers_without_waiting_are_current_versions_only() {
+    use hydrant_engine::store::ObjectKey;
+    use hydrant_engine::{OriginConfig, Revalidate};
+    let dir = TempDir::new("dram-get-memory");
+    let origin = dir.path().join("origin");
+    std::fs::create_dir_all(origin.join("data")).unwrap();
+    let mut origins = OriginConfig::new();
+    origins.default_url = Some(format!("file://{}", origin.display()));
+    origins.default_revalidate = Revalidate::Ttl(std::time::Duration::from_millis(300));
+    let mut config = config(&dir.file("data.hyd"), 16 * MIB, 1, 1);
+    config.origins = Some(origins);
+    config.dram_bytes = MIB;
+    let engine = Engine::open(config).unwrap();
+    let first = pattern(1, OBJECT_BYTES);
+    std::fs::write(origin.join("data").join("ttl"), &first).unwrap();
+    let in_memory = |engine: &Engine| {
+        let key = ObjectKey::new("data", "ttl").unwrap();
+        block_on(engine.on_shard(0, move |cache| async move {
+            Ok(cache
+                .get_memory(&key, None)
+                .map(|read| read.data.parts().concat()))
+        }))
+        .unwrap()
+    };
+    let read = |engine: &Engine| {
+        block_on(engine.get("data", "ttl", None))
+            .unwrap()
+            .unwrap()
+            .1
+    };
+    // Through from the origin, then (once admitted to NVMe, in the background) from NVMe,
+    // which fills the tier, then from the tier.
+    let mut held = None;
+    for _ in 0..50 {
+        assert!(read(&engine) == first);
+        held = in_memory(&engine);
+        if held.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(held == Some(first.clone()), "fresh and held");
+    let second = pattern(2, OBJECT_BYTES + 100);
+    std::fs::write(origin.join("data").join("ttl"), &second).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(
+        in_memory(&engine).is_none(),
+        "held, but its TTL has run out"
+    );
+    assert!(read(&engine) == second, "the usual read revalidates");
+    // A version written through the engine: never the old copy.
+    let third = pattern(3, 500);
+    block_on(engine.put("data", "ttl", third.clone())).unwrap();
+    assert!(in_memory(&engine).is_none_or(|bytes| bytes == third));
+    assert!(read(&engine) == third);
+}

@@ -622,7 +622,9 @@ async fn read_loop(
             }
             continue;
         }
-        if header.opcode == Opcode::Get && answer_from_memory(connection, &header, &extension) {
+        if header.opcode == Opcode::Get
+            && answer_from_memory(connection, &header, &extension, payload.len())
+        {
             continue;
         }
         let permit = in_flight.acquire_owned().await;
@@ -804,7 +806,12 @@ fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) -> boo
 /// the DRAM tier holds the current version (the common case of small hot objects: no wait is
 /// possible). Returns false, having done nothing visible, when the request must take the usual
 /// path (it may then still be a DRAM hit: this path only skips what must not wait).
-fn answer_from_memory(connection: &Rc<Connection>, header: &FrameHeader, extension: &[u8]) -> bool {
+fn answer_from_memory(
+    connection: &Rc<Connection>,
+    header: &FrameHeader,
+    extension: &[u8],
+    payload_bytes_in: usize,
+) -> bool {
     let started = Instant::now();
     let Ok(request) = GetRequest::decode(extension) else {
         return false;
@@ -846,9 +853,10 @@ fn answer_from_memory(connection: &Rc<Connection>, header: &FrameHeader, extensi
     };
     let extension_out = info.encode();
     connection.answer_held(header, Status::Ok, &extension_out, Some(Rc::new(held)));
-    let bytes_in = FRAME_HEADER_BYTES + extension.len();
+    let bytes_in = FRAME_HEADER_BYTES + extension.len() + payload_bytes_in;
     let bytes_out = FRAME_HEADER_BYTES + extension_out.len() + payload_bytes;
     metrics::record_request(Opcode::Get, true, started.elapsed(), bytes_in, bytes_out);
+    metrics::count(|counters| counters.answered_on_arrival += 1);
     true
 }
 

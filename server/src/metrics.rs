@@ -25,6 +25,8 @@ pub struct ServerCounters {
     /// Requests whose key another shard owns, sent there and back (the hop the shard-aware path
     /// skips).
     pub requests_forwarded: u64,
+    /// GETs answered by the connection's reader as they arrived, from the DRAM tier (no task).
+    pub answered_on_arrival: u64,
     /// Connections closed for saying no HELLO in time or for going quiet past the idle timeout.
     pub connections_timed_out: u64,
     /// Per opcode: counts per bucket of LATENCY_BUCKETS_US, then +Inf; and the sum in µs.
@@ -260,7 +262,7 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
         }
     }
     type CounterField = fn(&ServerCounters) -> u64;
-    let server_metrics: [(&str, &str, CounterField); 7] = [
+    let server_metrics: [(&str, &str, CounterField); 8] = [
         (
             "hydrant_request_errors_total",
             "Requests answered with an error status.",
@@ -290,6 +292,11 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
             "hydrant_requests_forwarded_total",
             "Requests for another shard's key, served there (one hop between cores each way).",
             |counters| counters.requests_forwarded,
+        ),
+        (
+            "hydrant_requests_answered_on_arrival_total",
+            "GETs answered from the DRAM tier by the connection's reader, without a task.",
+            |counters| counters.answered_on_arrival,
         ),
         (
             "hydrant_connections_timed_out_total",

@@ -988,6 +988,7 @@ fn gets_answered_from_the_dram_tier_are_the_stored_bytes_of_the_current_version(
     }
     let hits_before = metric_total(&mut client, "hydrant_dram_hits_total");
     let gets_before = metric_total(&mut client, "hydrant_request_duration_seconds_count");
+    let on_arrival_before = metric_total(&mut client, "hydrant_requests_answered_on_arrival_total");
     let mut gets = 0;
     for _ in 0..3 {
         for (key, value) in keys.iter().zip(&values) {
@@ -1010,6 +1011,11 @@ fn gets_answered_from_the_dram_tier_are_the_stored_bytes_of_the_current_version(
         metric_total(&mut client, "hydrant_request_duration_seconds_count") - gets_before,
         gets,
         "every GET is counted once"
+    );
+    assert_eq!(
+        metric_total(&mut client, "hydrant_requests_answered_on_arrival_total") - on_arrival_before,
+        gets,
+        "every hit of the shard's own key is answered where it arrived"
     );
     // A range past the end is refused, from memory as from NVMe.
     let error = client

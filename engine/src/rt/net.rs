@@ -2,6 +2,7 @@
 //! kernel spreads connections over the shards), and accept, receive and send as operations.
 //! As for files, a buffer belongs to the ring until its completion arrives.
 
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -13,6 +14,11 @@ use crate::buf::IoBuf;
 
 /// IORING_RECVSEND_POLL_FIRST (linux/io_uring.h, since 5.19): arm the poll before trying.
 const RECVSEND_POLL_FIRST: u16 = 1;
+
+thread_local! {
+    /// Whether this thread's ring takes RECVSEND_POLL_FIRST (older kernels answer EINVAL).
+    static POLL_FIRST_ACCEPTED: Cell<bool> = const { Cell::new(true) };
+}
 
 /// Most connections a listener queues before the shard accepts them.
 const LISTEN_BACKLOG: i32 = 1024;
@@ -133,11 +139,21 @@ pub async fn recv(socket: RawFd, mut buf: IoBuf, expect_wait: bool) -> (io::Resu
     // SAFETY: the pointer stays inside buf's capacity, and buf is kept by the ring until the
     // completion arrives.
     let pointer = unsafe { buf.as_mut_ptr().add(filled) };
-    let ioprio = if expect_wait { RECVSEND_POLL_FIRST } else { 0 };
+    let poll_first = expect_wait && POLL_FIRST_ACCEPTED.with(Cell::get);
     let entry = opcode::Recv::new(types::Fd(socket), pointer, room as u32)
-        .ioprio(ioprio)
+        .ioprio(if poll_first { RECVSEND_POLL_FIRST } else { 0 })
         .build();
-    let (result, keep) = submit_socket(entry, Keep::Buf(buf)).await;
+    let (mut result, mut keep) = submit_socket(entry, Keep::Buf(buf)).await;
+    if poll_first
+        && result
+            .as_ref()
+            .is_err_and(|error| error.raw_os_error() == Some(libc::EINVAL))
+    {
+        // A kernel before 5.19 refuses the flag: receive without it, on this thread from now on.
+        POLL_FIRST_ACCEPTED.with(|accepted| accepted.set(false));
+        let entry = opcode::Recv::new(types::Fd(socket), pointer, room as u32).build();
+        (result, keep) = submit_socket(entry, keep).await;
+    }
     let mut buf = keep.into_buf();
     match result {
         Ok(received) => {

@@ -200,6 +200,9 @@ mod tests {
             }
             _ => panic!("a filled object is a hit"),
         }
+        assert!(tier.holds(&object, 7));
+        assert!(!tier.holds(&object, 8), "another version is not held");
+        assert!(!tier.holds(&key("b"), 7));
         // Another version on NVMe (a newer write): a miss, refilled.
         assert!(matches!(tier.lookup(&object, 8, 100, true), Lookup::Fill));
         tier.invalidate(&object);
