@@ -32,6 +32,20 @@ use crate::tier::admission::{AdmissionStats, NvmeAdmission};
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
 
+/// Whether the stored copy of `key` (`dirty` or not) is the current version without asking the
+/// origin: a dirty copy is the newest, an immutable bucket's copies never change, and otherwise
+/// the origin's metadata must be fresh by the bucket's TTL.
+fn current_without_asking(
+    origin: &ShardOrigin,
+    route: &Route,
+    key: &ObjectKey,
+    dirty: bool,
+) -> bool {
+    dirty
+        || route.revalidate == Revalidate::Immutable
+        || origin.reads.fresh(key, route.revalidate).is_some()
+}
+
 /// Whether a read of `range` wants the whole of an object of `bytes` (only those fill the DRAM
 /// tier).
 fn whole(range: Option<ByteRange>, bytes: u64) -> bool {
@@ -456,13 +470,10 @@ impl Cache {
             return self.get_stored(key, range, target).await;
         };
         for _ in 0..READ_ATTEMPTS_MAX {
-            if let Some(meta) = self.store.head(key) {
-                let current = meta.dirty
-                    || route.revalidate == Revalidate::Immutable
-                    || origin.reads.fresh(key, route.revalidate).is_some();
-                let current = current
+            if let Some(version) = self.store.version(key) {
+                let current = current_without_asking(origin, &route, key, version.dirty)
                     || match self
-                        .revalidate(origin, &route, key, meta.seq, range)
+                        .revalidate(origin, &route, key, version.seq, range)
                         .await?
                     {
                         Revalidated::Current => true,
@@ -502,13 +513,9 @@ impl Cache {
     pub fn get_memory(&self, key: &ObjectKey, range: Option<ByteRange>) -> Option<PartsRead> {
         let dram = self.dram.as_ref()?;
         let version = self.store.version(key)?;
-        if !version.dirty {
-            if let Some((origin, route)) = self.route(key).ok()? {
-                let current = route.revalidate == Revalidate::Immutable
-                    || origin.reads.fresh(key, route.revalidate).is_some();
-                if !current {
-                    return None;
-                }
+        if let Some((origin, route)) = self.route(key).ok()? {
+            if !current_without_asking(origin, &route, key, version.dirty) {
+                return None;
             }
         }
         resolve_range(range, version.bytes).ok()?;
