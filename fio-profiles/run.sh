@@ -40,7 +40,7 @@ command -v fio >/dev/null || { echo "fio is not installed (apt-get install -y fi
 
 # Read profiles never modify PATH; write profiles destroy what it holds.
 read_profiles=(randread-4k-qd1 randread-4k-qd8 randread-4k-qd32 randread-4k-qd128
-  seqread-128k-qd32 seqread-1m-qd8)
+  seqread-128k-qd32 seqread-1m-qd8 randread-1m-depths)
 write_profiles=(seqwrite-128k-qd32 seqwrite-1m-qd8 randwrite-4k-qd32 randrw-4k-70-30-qd32)
 
 # A job that has not ended this long after its runtime is hung (a dead device, a stuck queue):

@@ -203,6 +203,11 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
     config.format = FormatPolicy::Always;
     config.arena_bytes = 128 * MIB as usize;
     config.io_depth_max = 64;
+    // Room for the large reads' depth (1 MiB + a 4 KiB header each), so that the engine and fio
+    // are compared at the same depth.
+    config.io_bytes_in_flight_max = config
+        .io_bytes_in_flight_max
+        .max(u64::from(args.sequential_depth) * (MIB + 4096));
     config.cpus = Some(vec![args.cpu]);
     let engine = Engine::open(config).map_err(engine_error)?;
     // Small objects take 8 KiB each on disk (header + data), large ones 1 MiB + 4 KiB: fill

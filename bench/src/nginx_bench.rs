@@ -44,6 +44,10 @@ pub struct NginxArgs {
     /// Where the files and hydrant's data file go (on the disk to measure).
     #[arg(long, default_value = "target/bench-scratch/nginx")]
     dir: PathBuf,
+    /// hydrant's bound on device bytes in flight per shard (the server's
+    /// --io-bytes-in-flight). Default: the server's default, 8 MiB.
+    #[arg(long)]
+    io_bytes_in_flight: Option<u64>,
 }
 
 fn object_bytes(index: usize) -> Vec<u8> {
@@ -185,6 +189,9 @@ fn start_hydrant(args: &NginxArgs, dram_bytes: u64) -> Result<Server, String> {
     engine.format = FormatPolicy::Always;
     engine.cpus = Some(vec![args.server_cpu]);
     engine.dram_bytes = dram_bytes;
+    if let Some(bytes) = args.io_bytes_in_flight {
+        engine.io_bytes_in_flight_max = bytes;
+    }
     Server::start(ServerConfig::new(
         "127.0.0.1:0".parse().expect("address"),
         engine,
@@ -255,8 +262,15 @@ pub fn nginx(mut args: NginxArgs) -> Result<(), String> {
         let mut nginx = start_nginx(&args.dir, &www, direct, args.server_cpu)?;
         let mut ratios = Vec::new();
         for round in 1..=args.rounds {
-            let nginx_rate = run_wrk(&args, &load_cpus)?;
-            let hydrant_rate = run_hydrant(&args, &address)?;
+            // Odd rounds run nginx first, even rounds hydrant first, so a disk whose rate drifts
+            // within a round favours neither.
+            let (nginx_rate, hydrant_rate) = if round % 2 == 1 {
+                let nginx_rate = run_wrk(&args, &load_cpus)?;
+                (nginx_rate, run_hydrant(&args, &address)?)
+            } else {
+                let hydrant_rate = run_hydrant(&args, &address)?;
+                (run_wrk(&args, &load_cpus)?, hydrant_rate)
+            };
             let ratio = hydrant_rate / nginx_rate;
             ratios.push(ratio);
             println!(

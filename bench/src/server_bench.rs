@@ -182,49 +182,62 @@ pub fn server(args: ServerArgs) -> Result<(), String> {
     let mut ratios = Vec::new();
     let value_bytes = args.value_bytes;
     for round in 1..=args.rounds {
-        let memcached_rate = measure(
-            args.connections,
-            args.keys,
-            args.seconds,
-            args.server_cpu,
-            || {
-                let mut connection =
-                    MemcachedConnection::connect(&memcached_address(), Duration::from_secs(30))
+        let measure_memcached = || {
+            measure(
+                args.connections,
+                args.keys,
+                args.seconds,
+                args.server_cpu,
+                || {
+                    let mut connection =
+                        MemcachedConnection::connect(&memcached_address(), Duration::from_secs(30))
+                            .map_err(|error| error.to_string())?;
+                    Ok(Box::new(move |key| {
+                        match connection.get(&format!("k{key}")) {
+                            Ok(Some(value)) if value.len() == value_bytes => Ok(value.len()),
+                            Ok(value) => Err(format!(
+                                "memcached k{key}: {:?} bytes",
+                                value.map(<[u8]>::len)
+                            )),
+                            Err(error) => Err(error.to_string()),
+                        }
+                    }))
+                },
+            )
+        };
+        let measure_hydrant = || {
+            measure(
+                args.connections,
+                args.keys,
+                args.seconds,
+                args.server_cpu,
+                || {
+                    let mut client = Client::connect(&address, Duration::from_secs(30))
                         .map_err(|error| error.to_string())?;
-                Ok(Box::new(move |key| {
-                    match connection.get(&format!("k{key}")) {
-                        Ok(Some(value)) if value.len() == value_bytes => Ok(value.len()),
-                        Ok(value) => Err(format!(
-                            "memcached k{key}: {:?} bytes",
-                            value.map(<[u8]>::len)
-                        )),
-                        Err(error) => Err(error.to_string()),
-                    }
-                }))
-            },
-        )?;
-        let hydrant_rate = measure(
-            args.connections,
-            args.keys,
-            args.seconds,
-            args.server_cpu,
-            || {
-                let mut client = Client::connect(&address, Duration::from_secs(30))
-                    .map_err(|error| error.to_string())?;
-                // Into a buffer kept from get to get, as the memcached client reads into its
-                // own; the payload's checksum is still checked.
-                let mut value = vec![0u8; value_bytes];
-                Ok(Box::new(move |key| {
-                    let (_, read) = client
-                        .get_into("bench", &format!("k{key}"), None, &mut value)
-                        .map_err(|error| error.to_string())?;
-                    if read != value_bytes {
-                        return Err(format!("hydrant k{key}: {read} bytes"));
-                    }
-                    Ok(read)
-                }))
-            },
-        )?;
+                    // Into a buffer kept from get to get, as the memcached client reads into its
+                    // own; the payload's checksum is still checked.
+                    let mut value = vec![0u8; value_bytes];
+                    Ok(Box::new(move |key| {
+                        let (_, read) = client
+                            .get_into("bench", &format!("k{key}"), None, &mut value)
+                            .map_err(|error| error.to_string())?;
+                        if read != value_bytes {
+                            return Err(format!("hydrant k{key}: {read} bytes"));
+                        }
+                        Ok(read)
+                    }))
+                },
+            )
+        };
+        // Odd rounds measure memcached first, even rounds hydrant first, so a machine whose
+        // speed drifts within a round favours neither.
+        let (memcached_rate, hydrant_rate) = if round % 2 == 1 {
+            let memcached_rate = measure_memcached()?;
+            (memcached_rate, measure_hydrant()?)
+        } else {
+            let hydrant_rate = measure_hydrant()?;
+            (measure_memcached()?, hydrant_rate)
+        };
         let ratio = hydrant_rate / memcached_rate;
         println!("| {round} | {memcached_rate:.0} | {hydrant_rate:.0} | {ratio:.2} |");
         ratios.push(ratio);

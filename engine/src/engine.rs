@@ -62,6 +62,10 @@ pub struct EngineConfig {
     pub arena_bytes: usize,
     /// Device operations in flight per shard. Default 64.
     pub io_depth_max: usize,
+    /// Device bytes in flight per shard; a read or write larger than this goes alone. Some
+    /// devices serve large reads fastest with few in flight (measure yours with
+    /// `fio-profiles/randread-1m-depths.fio`). Default 8 MiB.
+    pub io_bytes_in_flight_max: u64,
     /// Under load, how long a shard may wait to gather completions before submitting more.
     /// Default 100 µs.
     pub completion_batch_wait_us: u32,
@@ -86,6 +90,10 @@ pub struct EngineConfig {
     pub admission_bytes_per_second: Option<u64>,
 }
 
+/// The range `EngineConfig::io_bytes_in_flight_max` accepts.
+pub const IO_BYTES_IN_FLIGHT_MIN: u64 = 4 << 10;
+pub const IO_BYTES_IN_FLIGHT_MAX: u64 = 1 << 30;
+
 impl EngineConfig {
     pub fn new(devices: Vec<DeviceConfig>) -> EngineConfig {
         EngineConfig {
@@ -97,6 +105,7 @@ impl EngineConfig {
             format: FormatPolicy::IfBlank,
             arena_bytes: 64 * 1024 * 1024,
             io_depth_max: 64,
+            io_bytes_in_flight_max: crate::rt::IO_BYTES_MAX_DEFAULT,
             completion_batch_wait_us: 100,
             inbox_requests_max: 1024,
             requests_in_flight_max: 256,
@@ -147,6 +156,13 @@ impl EngineConfig {
             return invalid(format!(
                 "io_depth_max must be 1-4096, not {}",
                 self.io_depth_max
+            ));
+        }
+        if !(IO_BYTES_IN_FLIGHT_MIN..=IO_BYTES_IN_FLIGHT_MAX).contains(&self.io_bytes_in_flight_max)
+        {
+            return invalid(format!(
+                "io_bytes_in_flight_max must be 4 KiB-1 GiB, not {}",
+                self.io_bytes_in_flight_max
             ));
         }
         if self.inbox_requests_max == 0 || self.requests_in_flight_max == 0 {
@@ -548,6 +564,7 @@ impl Engine {
                 reactor: ReactorConfig {
                     ring_entries: (config.io_depth_max as u32 * 2 + 8).next_power_of_two(),
                     io_depth_max: config.io_depth_max,
+                    io_bytes_max: config.io_bytes_in_flight_max,
                     completion_batch_wait_us: config.completion_batch_wait_us,
                 },
                 requests_in_flight_max: config.requests_in_flight_max,

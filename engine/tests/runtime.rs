@@ -141,6 +141,112 @@ fn in_flight_io_stays_under_the_bound() {
 }
 
 #[test]
+fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone() {
+    const BOUND: u64 = 1 << 20;
+    const LARGE: usize = 256 << 10;
+    const HUGE: usize = 2 << 20;
+    let dir = TempDir::new("runtime-bytes");
+    let file = direct_file(&dir, 4 << 20);
+    let pattern: Vec<u8> = (0..4 << 20).map(|index| (index % 251) as u8).collect();
+    {
+        use std::os::unix::fs::FileExt;
+        std::fs::File::options()
+            .write(true)
+            .open(dir.file("runtime.dat"))
+            .unwrap()
+            .write_all_at(&pattern, 0)
+            .unwrap();
+    }
+    let fd = file.as_raw_fd();
+    let config = ReactorConfig {
+        io_bytes_max: BOUND,
+        ..ReactorConfig::default()
+    };
+    // (highest bytes without the huge read, highest operations, operations beside the huge
+    // read, every read right)
+    let (bytes, operations, beside_huge, right) = on_shard(config, move || async move {
+        let arena = Arena::new(16 << 20).unwrap();
+        let highest_bytes = Rc::new(std::cell::Cell::new(0u64));
+        let highest_operations = Rc::new(std::cell::Cell::new(0usize));
+        let beside_huge = Rc::new(std::cell::Cell::new(0usize));
+        // 48 reads of 256 KiB and 48 of 4 KiB, interleaved, and one of 2 MiB (twice the
+        // bound) among them.
+        let tasks: Vec<_> = (0..97u64)
+            .map(|index| {
+                let length = match index {
+                    48 => HUGE,
+                    _ if index % 2 == 0 => LARGE,
+                    _ => 4096,
+                };
+                let offset = if length == HUGE {
+                    0
+                } else {
+                    (index * 12_288) % ((4 << 20) - LARGE as u64) / 4096 * 4096
+                };
+                let buf = arena.allocate(length);
+                let (highest_bytes, highest_operations, beside_huge) = (
+                    highest_bytes.clone(),
+                    highest_operations.clone(),
+                    beside_huge.clone(),
+                );
+                spawn(async move {
+                    let read = read_at(FileRef::Raw(fd), buf, offset, length);
+                    let mut read = pin!(read);
+                    let (result, buf) = std::future::poll_fn(|context| {
+                        let poll = read.as_mut().poll(context);
+                        let reactor = current_reactor();
+                        if reactor.bytes_in_flight() < HUGE as u64 {
+                            highest_bytes.set(highest_bytes.get().max(reactor.bytes_in_flight()));
+                        }
+                        highest_operations.set(highest_operations.get().max(reactor.in_flight()));
+                        if reactor.bytes_in_flight() >= HUGE as u64 {
+                            beside_huge.set(beside_huge.get().max(reactor.in_flight() - 1));
+                        }
+                        poll
+                    })
+                    .await;
+                    (result.unwrap(), offset, buf)
+                })
+            })
+            .collect();
+        let mut right = true;
+        for (index, task) in tasks.into_iter().enumerate() {
+            let (read, offset, buf) = task.await;
+            let expected = if index == 48 {
+                HUGE
+            } else if index % 2 == 0 {
+                LARGE
+            } else {
+                4096
+            };
+            right &= read == expected
+                && buf.as_slice() == &pattern[offset as usize..offset as usize + expected];
+        }
+        (
+            highest_bytes.get(),
+            highest_operations.get(),
+            beside_huge.get(),
+            right,
+        )
+    });
+    assert!(right, "every read returned the file's bytes");
+    assert!(
+        bytes <= BOUND,
+        "at most {BOUND} bytes in flight beside the huge read, saw {bytes}"
+    );
+    assert!(
+        bytes > LARGE as u64,
+        "large reads ran concurrently: {bytes}"
+    );
+    assert_eq!(beside_huge, 0, "the read larger than the bound went alone");
+    assert!(
+        operations > 4,
+        "small reads ran beside large ones under the byte bound: {operations} at once"
+    );
+    drop(file);
+}
+
+#[test]
 fn a_dropped_read_leaves_its_buffer_with_the_ring_until_completion() {
     let dir = TempDir::new("runtime-drop");
     let file = direct_file(&dir, 1 << 20);

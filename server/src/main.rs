@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::origin;
-use hydrant_engine::{BucketOrigin, EngineConfig, OriginConfig};
+use hydrant_engine::{
+    BucketOrigin, EngineConfig, OriginConfig, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN,
+};
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
@@ -74,6 +76,11 @@ struct Arguments {
     /// Memory for the DRAM tier in front of NVMe, e.g. 8GiB (0: none). Default 256MiB.
     #[arg(long, env = "HYDRANT_DRAM_BYTES")]
     dram_bytes: Option<String>,
+    /// Device bytes in flight per shard, 4KiB-1GiB, e.g. 4MiB; a larger read goes alone. Some
+    /// devices serve large reads fastest with few in flight: measure with
+    /// fio-profiles/randread-1m-depths.fio. Default 8MiB.
+    #[arg(long, env = "HYDRANT_IO_BYTES_IN_FLIGHT")]
+    io_bytes_in_flight: Option<String>,
     /// The dirty-byte budget: write-back PUTs wait (then get BUSY) above it, e.g. 4GiB.
     /// Default: a quarter of the data devices, at most 4 GiB.
     #[arg(long, env = "HYDRANT_DIRTY_BYTES_MAX")]
@@ -105,6 +112,7 @@ struct ConfigFile {
     revalidate: Option<String>,
     dirty_bytes_max: Option<String>,
     dram_bytes: Option<String>,
+    io_bytes_in_flight: Option<String>,
     admission_bytes_per_second: Option<String>,
     local_socket: Option<PathBuf>,
     idle_timeout: Option<String>,
@@ -144,6 +152,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
     arguments.revalidate = arguments.revalidate.or(file.revalidate);
     arguments.dirty_bytes_max = arguments.dirty_bytes_max.or(file.dirty_bytes_max);
     arguments.dram_bytes = arguments.dram_bytes.or(file.dram_bytes);
+    arguments.io_bytes_in_flight = arguments.io_bytes_in_flight.or(file.io_bytes_in_flight);
     arguments.admission_bytes_per_second = arguments
         .admission_bytes_per_second
         .or(file.admission_bytes_per_second);
@@ -319,6 +328,21 @@ fn main() -> ExitCode {
             Ok(bytes) => engine.dram_bytes = bytes,
             Err(error) => {
                 eprintln!("hydrant-server: --dram-bytes: {error}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(text) = &arguments.io_bytes_in_flight {
+        match size_bytes(text) {
+            Ok(bytes) if (IO_BYTES_IN_FLIGHT_MIN..=IO_BYTES_IN_FLIGHT_MAX).contains(&bytes) => {
+                engine.io_bytes_in_flight_max = bytes
+            }
+            Ok(bytes) => {
+                eprintln!("hydrant-server: --io-bytes-in-flight must be 4KiB-1GiB, not {bytes}");
+                return ExitCode::from(2);
+            }
+            Err(error) => {
+                eprintln!("hydrant-server: --io-bytes-in-flight: {error}");
                 return ExitCode::from(2);
             }
         }

@@ -703,7 +703,7 @@ fn a_config_file_sets_what_flags_do_not() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ndata = [\"{}:512MiB\"]\nshards = 1\nmetrics = \"127.0.0.1:0\"\n",
+            "listen = \"127.0.0.1:0\"\ndata = [\"{}:512MiB\"]\nshards = 1\nmetrics = \"127.0.0.1:0\"\nio_bytes_in_flight = \"4MiB\"\n",
             directory.join("data.hyd").display()
         ),
     )
@@ -722,6 +722,23 @@ fn a_config_file_sets_what_flags_do_not() {
     let _ = child.wait();
     assert!(line.contains("with 2 shards"), "{line}");
     assert!(line.contains("metrics on http://127.0.0.1:"), "{line}");
+
+    // A bound on device bytes in flight outside 4 KiB-1 GiB is refused before anything starts.
+    let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--io-bytes-in-flight",
+            "1KiB",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--io-bytes-in-flight must be 4KiB-1GiB, not 1024"),
+        "{stderr}"
+    );
 
     std::fs::write(&config, "listen = \"127.0.0.1:0\"\nshard_count = 3\n").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))

@@ -7,8 +7,9 @@
 //! - The executor polls ready tasks, submits everything they queued in one `io_uring_enter`, and
 //!   when nothing is ready sleeps inside `io_uring_enter` until a completion, a timer or a wake-up
 //!   from another thread (an eventfd read kept armed on the ring). It never spins.
-//! - In-flight I/O per shard is bounded by `io_depth_max`; an operation past the bound waits
-//!   before it is submitted.
+//! - Device I/O in flight per shard is bounded by `io_depth_max` operations and `io_bytes_max`
+//!   bytes; an operation past either bound waits before it is submitted (one larger than the
+//!   byte bound goes alone). Socket operations are not counted.
 
 pub mod channel;
 mod executor;
@@ -20,7 +21,9 @@ pub mod time;
 
 pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
-pub use reactor::{Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS};
+pub use reactor::{
+    Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS, IO_BYTES_MAX_DEFAULT,
+};
 
 use std::future::Future;
 use std::io;

@@ -30,14 +30,17 @@ enum State {
 /// One operation on the shard's ring.
 pub struct Op {
     state: State,
-    bounded: bool,
+    /// Device I/O: the bytes it moves, counted against the shard's in-flight bounds. Socket
+    /// operations: `None`, not counted.
+    device_bytes: Option<u32>,
 }
 
 impl Op {
-    fn new(entry: squeue::Entry, keep: Keep) -> Op {
+    /// A device operation that moves `bytes`.
+    fn new(entry: squeue::Entry, keep: Keep, bytes: u32) -> Op {
         Op {
             state: State::Unsubmitted(entry, keep),
-            bounded: true,
+            device_bytes: Some(bytes),
         }
     }
 }
@@ -50,7 +53,7 @@ impl Future for Op {
             match std::mem::replace(&mut self.state, State::Finished) {
                 State::Unsubmitted(entry, keep) => {
                     match with_reactor(|reactor| {
-                        reactor.try_submit(entry, keep, context.waker(), self.bounded)
+                        reactor.try_submit(entry, keep, context.waker(), self.device_bytes)
                     }) {
                         Ok(index) => self.state = State::Submitted(index),
                         Err((entry, keep)) => {
@@ -95,9 +98,10 @@ impl Drop for Op {
 /// Submit one prepared socket operation; `keep` stays with the ring until the completion
 /// arrives. Not counted against the in-flight bound of device I/O.
 pub(crate) fn submit_socket(entry: squeue::Entry, keep: Keep) -> Op {
-    let mut op = Op::new(entry, keep);
-    op.bounded = false;
-    op
+    Op {
+        state: State::Unsubmitted(entry, keep),
+        device_bytes: None,
+    }
 }
 
 fn into_buf(keep: Keep) -> IoBuf {
@@ -148,7 +152,7 @@ pub async fn read_at(
     );
     let length = u32::try_from(len).expect("one read is under 4 GiB");
     let entry = read_entry(file, buf.as_mut_ptr(), length, buf.fixed_index(), offset);
-    let (result, keep) = Op::new(entry, Keep::Buf(buf)).await;
+    let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
     let mut buf = into_buf(keep);
     match result {
         Ok(read) => {
@@ -167,7 +171,7 @@ pub async fn read_at_external(file: FileRef, buf: ExternalBuf, offset: u64) -> i
     let pointer = buf.as_mut_ptr();
     let length = u32::try_from(buf.len()).expect("one read is under 4 GiB");
     let entry = read_entry(file, pointer, length, buf.fixed_slot(), offset);
-    let (result, _) = Op::new(entry, Keep::External(buf)).await;
+    let (result, _) = Op::new(entry, Keep::External(buf), length).await;
     result.map(|read| read as usize)
 }
 
@@ -181,6 +185,7 @@ pub async fn read_vectored_at(
     offset: u64,
 ) -> (io::Result<usize>, IoBuf) {
     let first = buf.capacity();
+    let length = u32::try_from(first + external.len()).expect("one read is under 4 GiB");
     let iovecs = [
         libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
@@ -204,7 +209,7 @@ pub async fn read_vectored_at(
     }
     .offset(offset)
     .build();
-    let (result, keep) = Op::new(entry, Keep::Vectored(vectored)).await;
+    let (result, keep) = Op::new(entry, Keep::Vectored(vectored), length).await;
     let mut buf = into_buf(keep);
     match result {
         Ok(read) => {
@@ -237,7 +242,7 @@ pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>
             .offset(offset)
             .build(),
     };
-    let (result, keep) = Op::new(entry, Keep::Buf(buf)).await;
+    let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
     let buf = into_buf(keep);
     let result = match result {
         Ok(written) if written == length => Ok(()),
@@ -258,5 +263,5 @@ pub async fn sync_data(file: FileRef) -> io::Result<()> {
     }
     .flags(types::FsyncFlags::DATASYNC)
     .build();
-    Op::new(entry, Keep::Nothing).await.0.map(|_| ())
+    Op::new(entry, Keep::Nothing, 0).await.0.map(|_| ())
 }

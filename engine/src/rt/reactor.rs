@@ -20,6 +20,9 @@ pub struct ReactorConfig {
     /// Most device and socket operations in flight on this ring at once. Block devices queue
     /// 32–64 requests; more only adds latency.
     pub io_depth_max: usize,
+    /// Most bytes of device I/O in flight on this ring at once; an operation larger than this
+    /// goes alone. Some devices serve large reads fastest with few in flight.
+    pub io_bytes_max: u64,
     /// With many operations in flight, how long the reactor may wait for a batch of
     /// completions before it submits again (see `Reactor::turn`).
     pub completion_batch_wait_us: u32,
@@ -30,10 +33,15 @@ impl Default for ReactorConfig {
         ReactorConfig {
             ring_entries: 256,
             io_depth_max: 64,
+            io_bytes_max: IO_BYTES_MAX_DEFAULT,
             completion_batch_wait_us: 100,
         }
     }
 }
+
+/// The default bound on device bytes in flight per shard: room for two 4 MiB chunks, or 64
+/// reads of 128 KiB.
+pub const IO_BYTES_MAX_DEFAULT: u64 = 8 << 20;
 
 /// What the ring turned out to support, for stats and logs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -101,9 +109,10 @@ enum SlotState {
 struct Slot {
     state: SlotState,
     keep: Keep,
-    /// Counted against `io_depth_max` (device I/O); socket operations are not, since a receive
-    /// may wait for as long as its peer is idle.
-    bounded: bool,
+    /// Device I/O: the bytes it moves, counted (with the operation) against `io_depth_max` and
+    /// `io_bytes_max`. Socket operations are not counted (`None`), since a receive may wait for
+    /// as long as its peer is idle.
+    device_bytes: Option<u32>,
 }
 
 /// With at least this many operations in flight, the reactor waits for 1/DIVISOR of them to
@@ -167,8 +176,10 @@ pub struct Reactor {
     slots: RefCell<Vec<Option<Slot>>>,
     free_slots: RefCell<Vec<usize>>,
     in_flight: Cell<usize>,
+    bytes_in_flight: Cell<u64>,
     sockets_in_flight: Cell<usize>,
     io_depth_max: usize,
+    io_bytes_max: u64,
     depth_waiters: RefCell<VecDeque<Waker>>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
     timer_sequence: Cell<u64>,
@@ -193,8 +204,10 @@ impl Reactor {
             slots: RefCell::new(Vec::with_capacity(config.io_depth_max)),
             free_slots: RefCell::new(Vec::new()),
             in_flight: Cell::new(0),
+            bytes_in_flight: Cell::new(0),
             sockets_in_flight: Cell::new(0),
             io_depth_max: config.io_depth_max,
+            io_bytes_max: config.io_bytes_max.max(1),
             depth_waiters: RefCell::new(VecDeque::new()),
             timers: RefCell::new(BTreeMap::new()),
             timer_sequence: Cell::new(0),
@@ -211,9 +224,14 @@ impl Reactor {
         self.info
     }
 
-    /// Operations submitted and not yet completed (abandoned ones included).
+    /// Device operations submitted and not yet completed (abandoned ones included).
     pub fn in_flight(&self) -> usize {
         self.in_flight.get()
+    }
+
+    /// The bytes those operations move.
+    pub fn bytes_in_flight(&self) -> u64 {
+        self.bytes_in_flight.get()
     }
 
     /// Register `buffers` as the ring's fixed buffers (indices in order). The table gets
@@ -284,23 +302,25 @@ impl Reactor {
         self.ring.borrow().submitter().register_files(fds)
     }
 
-    /// Queue `entry` if the in-flight bound allows; otherwise remember `waker` and hand the
+    /// Queue `entry` if the in-flight bounds allow; otherwise remember `waker` and hand the
     /// entry back. On success `keep` belongs to the ring until the completion arrives.
     pub(crate) fn try_submit(
         &self,
         entry: squeue::Entry,
         keep: Keep,
         waker: &Waker,
-        bounded: bool,
+        device_bytes: Option<u32>,
     ) -> Result<usize, (squeue::Entry, Keep)> {
-        if bounded && self.in_flight.get() >= self.io_depth_max {
-            self.depth_waiters.borrow_mut().push_back(waker.clone());
-            return Err((entry, keep));
+        if let Some(bytes) = device_bytes {
+            if !self.has_room_for(bytes) {
+                self.depth_waiters.borrow_mut().push_back(waker.clone());
+                return Err((entry, keep));
+            }
         }
         let slot = Slot {
             state: SlotState::Waiting(Some(waker.clone())),
             keep,
-            bounded,
+            device_bytes,
         };
         let index = match self.free_slots.borrow_mut().pop() {
             Some(index) => {
@@ -314,13 +334,26 @@ impl Reactor {
             }
         };
         self.push_entry(entry.user_data(index as u64));
-        let counter = if bounded {
-            &self.in_flight
-        } else {
-            &self.sockets_in_flight
-        };
-        counter.set(counter.get() + 1);
+        match device_bytes {
+            Some(bytes) => {
+                self.in_flight.set(self.in_flight.get() + 1);
+                self.bytes_in_flight
+                    .set(self.bytes_in_flight.get() + u64::from(bytes));
+                // A completion that freed room for several waiting operations woke only one:
+                // pass the wake-up on while room is left.
+                self.pass_depth_wake();
+            }
+            None => self.sockets_in_flight.set(self.sockets_in_flight.get() + 1),
+        }
         Ok(index)
+    }
+
+    /// Whether a device operation of `bytes` fits under both bounds now. One larger than the
+    /// byte bound fits when no other device bytes are in flight.
+    fn has_room_for(&self, bytes: u32) -> bool {
+        let in_flight = self.bytes_in_flight.get();
+        self.in_flight.get() < self.io_depth_max
+            && (in_flight == 0 || in_flight + u64::from(bytes) <= self.io_bytes_max)
     }
 
     fn push_entry(&self, entry: squeue::Entry) {
@@ -345,7 +378,9 @@ impl Reactor {
 
     /// Wake one task waiting for room under the in-flight bound, if there is room.
     pub(crate) fn pass_depth_wake(&self) {
-        if self.in_flight.get() < self.io_depth_max {
+        if self.in_flight.get() < self.io_depth_max
+            && self.bytes_in_flight.get() < self.io_bytes_max
+        {
             if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
                 waiter.wake();
             }
@@ -509,10 +544,10 @@ impl Reactor {
     }
 
     fn slot_completed(&self, index: usize, result: i32) {
-        let (waker, bounded) = {
+        let (waker, device_bytes) = {
             let mut slots = self.slots.borrow_mut();
             let slot = slots[index].as_mut().expect("completion for a free slot");
-            let bounded = slot.bounded;
+            let device_bytes = slot.device_bytes;
             let waker = match std::mem::replace(&mut slot.state, SlotState::Done(result)) {
                 SlotState::Waiting(waker) => waker,
                 SlotState::Abandoned => {
@@ -522,16 +557,18 @@ impl Reactor {
                 }
                 SlotState::Done(_) => unreachable!("two completions for one slot"),
             };
-            (waker, bounded)
+            (waker, device_bytes)
         };
         if let Some(waker) = waker {
             waker.wake();
         }
-        if !bounded {
+        let Some(bytes) = device_bytes else {
             self.sockets_in_flight.set(self.sockets_in_flight.get() - 1);
             return;
-        }
+        };
         self.in_flight.set(self.in_flight.get() - 1);
+        self.bytes_in_flight
+            .set(self.bytes_in_flight.get() - u64::from(bytes));
         if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
             waiter.wake();
         }
