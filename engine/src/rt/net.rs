@@ -242,16 +242,9 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Resu
         let send = &mut *gathered;
         send.message.msg_iov = send.iovecs[first..].as_mut_ptr();
         send.message.msg_iovlen = (send.iovecs.len() - first).min(SEND_PARTS_MAX);
-        let bytes: usize = send.iovecs[first..first + send.message.msg_iovlen as usize]
-            .iter()
-            .map(|iovec| iovec.iov_len)
-            .sum();
-        let mut entry = opcode::SendMsg::new(types::Fd(socket), &send.message)
+        let entry = opcode::SendMsg::new(types::Fd(socket), &send.message)
             .flags(libc::MSG_NOSIGNAL as u32)
             .build();
-        if bytes >= async_send_bytes() {
-            entry = entry.flags(io_uring::squeue::Flags::ASYNC);
-        }
         // SAFETY (of the entry's pointers): the message header, the iovecs and the bytes they
         // point into live in `gathered`, a heap allocation that the ring keeps (and that does
         // not move) until the completion arrives; `SendParts` promises the bytes stay put.
@@ -285,14 +278,4 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Resu
         }
     }
     (Ok(()), gathered.parts)
-}
-
-fn async_send_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        std::env::var("HYDRANT_SEND_ASYNC_BYTES")
-            .ok()
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(usize::MAX)
-    })
 }
