@@ -125,6 +125,9 @@ pub enum PolicyKind {
     Sieve,
     S3Fifo,
     Hydrant,
+    /// hydrant's policy as the DRAM tier builds it: shadows sampled at least one key in
+    /// `tier::dram::DRAM_SHADOW_SAMPLE_ONE_IN_MIN`. Not in `ALL`; named `hydrant-dram`.
+    HydrantDram,
 }
 
 impl PolicyKind {
@@ -143,6 +146,7 @@ impl PolicyKind {
             PolicyKind::Sieve => "sieve",
             PolicyKind::S3Fifo => "s3fifo",
             PolicyKind::Hydrant => "hydrant",
+            PolicyKind::HydrantDram => "hydrant-dram",
         }
     }
 
@@ -154,6 +158,10 @@ impl PolicyKind {
             PolicyKind::Sieve => Box::new(Sieve::new(capacity)),
             PolicyKind::S3Fifo => Box::new(S3Fifo::new(capacity)),
             PolicyKind::Hydrant => Box::new(TinyLfuSieve::new(capacity)),
+            PolicyKind::HydrantDram => Box::new(TinyLfuSieve::with_shadow_sampling(
+                capacity,
+                crate::tier::dram::DRAM_SHADOW_SAMPLE_ONE_IN_MIN,
+            )),
         }
     }
 }
@@ -170,9 +178,12 @@ impl FromStr for PolicyKind {
     fn from_str(text: &str) -> Result<PolicyKind, String> {
         PolicyKind::ALL
             .into_iter()
+            .chain([PolicyKind::HydrantDram])
             .find(|kind| kind.name().eq_ignore_ascii_case(text.trim()))
             .ok_or_else(|| {
-                format!("unknown policy {text:?} (known: lru, fifo, sieve, s3fifo, hydrant)")
+                format!(
+                    "unknown policy {text:?} (known: lru, fifo, sieve, s3fifo, hydrant, hydrant-dram)"
+                )
             })
     }
 }

@@ -58,9 +58,20 @@ impl TinyLfuSieve {
     /// A policy whose hashing and coin flips start from `seed` (one per instance, so that
     /// neighbouring shards do not share their collisions).
     pub fn with_seed(capacity: Capacity, seed: u64) -> TinyLfuSieve {
+        TinyLfuSieve::build(capacity, seed, 1)
+    }
+
+    /// A policy whose shadow caches see at least one key in `sample_one_in_min` (rounded up to
+    /// a power of two), whatever the capacity: for a cache on the path of every hit, where the
+    /// shadows' work is most of the policy's. The DRAM tier's (`DRAM_SHADOW_SAMPLE_ONE_IN_MIN`).
+    pub fn with_shadow_sampling(capacity: Capacity, sample_one_in_min: u64) -> TinyLfuSieve {
+        TinyLfuSieve::build(capacity, SEED_DEFAULT, sample_one_in_min)
+    }
+
+    fn build(capacity: Capacity, seed: u64, sample_one_in_min: u64) -> TinyLfuSieve {
         TinyLfuSieve {
             cache: WindowedCache::new(capacity, seed, WINDOW_PERCENTS[0]),
-            chooser: WindowChooser::new(capacity, seed),
+            chooser: WindowChooser::new(capacity, seed, sample_one_in_min),
             shadow_evicted: Vec::new(),
         }
     }

@@ -57,12 +57,15 @@ pub(crate) struct WindowChooser {
 }
 
 impl WindowChooser {
-    pub(crate) fn new(capacity: Capacity, seed: u64) -> WindowChooser {
+    /// Shadows for a cache of `capacity`, seeing at least one key in `sample_one_in_min` (a
+    /// larger cache's shadows see fewer).
+    pub(crate) fn new(capacity: Capacity, seed: u64, sample_one_in_min: u64) -> WindowChooser {
         let objects_estimate = match capacity {
             Capacity::Objects(objects) => objects,
             Capacity::Bytes(bytes) => bytes / BYTE_CACHE_OBJECT_BYTES_ASSUMED,
         };
         let sample_one_in = (objects_estimate / SHADOW_OBJECTS_MAX)
+            .max(sample_one_in_min)
             .max(1)
             .next_power_of_two();
         let shadow_capacity = match capacity {
@@ -142,16 +145,30 @@ mod tests {
     #[test]
     fn a_large_cache_samples_its_keys_and_a_small_one_does_not() {
         assert_eq!(
-            WindowChooser::new(Capacity::Objects(1000), 1).sample_one_in,
+            WindowChooser::new(Capacity::Objects(1000), 1, 1).sample_one_in,
             1
         );
         assert_eq!(
-            WindowChooser::new(Capacity::Objects(1 << 20), 1).sample_one_in,
+            WindowChooser::new(Capacity::Objects(1 << 20), 1, 1).sample_one_in,
             64
         );
         assert_eq!(
-            WindowChooser::new(Capacity::Bytes(1 << 30), 1).sample_one_in,
+            WindowChooser::new(Capacity::Bytes(1 << 30), 1, 1).sample_one_in,
             1
+        );
+        // A floor applies to a small cache and is rounded up to a power of two; a larger
+        // cache's own sampling wins over a lower floor.
+        assert_eq!(
+            WindowChooser::new(Capacity::Bytes(256 << 20), 1, 16).sample_one_in,
+            16
+        );
+        assert_eq!(
+            WindowChooser::new(Capacity::Objects(1000), 1, 12).sample_one_in,
+            16
+        );
+        assert_eq!(
+            WindowChooser::new(Capacity::Objects(1 << 20), 1, 16).sample_one_in,
+            64
         );
     }
 
@@ -159,7 +176,7 @@ mod tests {
     fn picks_the_largest_window_when_only_recency_pays() {
         // Each key is read twice, 150 requests apart, in a cache of 200: only a window larger
         // than about 150 objects catches the second read.
-        let mut chooser = WindowChooser::new(Capacity::Objects(200), 1);
+        let mut chooser = WindowChooser::new(Capacity::Objects(200), 1, 1);
         let mut evicted = Vec::new();
         let mut choice = None;
         for request in 0..100_000u64 {
@@ -177,7 +194,7 @@ mod tests {
 
     #[test]
     fn picks_the_smallest_window_on_a_loop_larger_than_the_cache() {
-        let mut chooser = WindowChooser::new(Capacity::Objects(100), 1);
+        let mut chooser = WindowChooser::new(Capacity::Objects(100), 1, 1);
         let mut evicted = Vec::new();
         let mut choice = None;
         for request in 0..100_000u64 {
