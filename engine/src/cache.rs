@@ -110,6 +110,15 @@ impl ReadData {
         }
     }
 
+    /// Each of `parts`, in order, without gathering them into a vector.
+    pub fn for_each_part(&self, mut visit: impl FnMut(&[u8])) {
+        match self {
+            ReadData::Memory { data, range, .. } => visit(&data[range.clone()]),
+            ReadData::Store(read) => read.parts.iter().for_each(|part| visit(part.bytes())),
+            ReadData::Owned(data) => visit(data),
+        }
+    }
+
     /// The bytes in a vector of their own, and how many bytes that copied.
     pub fn into_vec(self) -> (Vec<u8>, u64) {
         match self {
@@ -509,28 +518,42 @@ impl Cache {
     /// The object (whole, or `range`) from the DRAM tier, when it holds the version NVMe holds
     /// and that version is current without asking the origin; `None` otherwise (and for a range
     /// outside the object), with nothing counted: the caller then reads with `get_parts`.
-    /// Never waits, so a server can answer a hit where the request arrived.
-    pub fn get_memory(&self, key: &ObjectKey, range: Option<ByteRange>) -> Option<PartsRead> {
+    /// `reserve` is asked for room for the answer's payload bytes before anything is counted; a
+    /// `None` from it declines too. Never waits, so a server can answer a hit where the request
+    /// arrived.
+    pub fn get_memory<R>(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        reserve: impl FnOnce(u64) -> Option<R>,
+    ) -> Option<(PartsRead, R)> {
         let dram = self.dram.as_ref()?;
-        let version = self.store.version(key)?;
+        // Marked visited now: a GET reads the object whichever path answers it.
+        let version = self.store.version_touched(key)?;
         if let Some((origin, route)) = self.route(key).ok()? {
             if !current_without_asking(origin, &route, key, version.dirty) {
                 return None;
             }
         }
-        resolve_range(range, version.bytes).ok()?;
-        if !dram.holds(key, version.seq) {
-            return None;
-        }
-        match dram.lookup(key, version.seq, version.bytes, whole(range, version.bytes)) {
-            Lookup::Hit(data, crc) => self.hit(key, version, range, data, crc).ok(),
-            Lookup::Fill | Lookup::Pass => {
-                // A held version is a hit for the policy (it holds what the tier holds): this
-                // lookup was counted, and the usual path would count it again.
-                debug_assert!(false, "the DRAM tier held {key:?} but did not hit");
-                None
-            }
-        }
+        let (start, end) = resolve_range(range, version.bytes).ok()?;
+        let reservation = reserve(end - start)?;
+        let whole = whole(range, version.bytes);
+        let (data, crc) = dram.hit_if_held(key, version.seq, version.bytes, whole)?;
+        let memory = ReadData::Memory {
+            range: 0..data.len(),
+            data,
+            crc: Some(crc),
+        };
+        let read = PartsRead {
+            bytes: version.bytes,
+            seq: version.seq,
+            dirty: version.dirty,
+            start,
+            data: memory.narrowed(start as usize..end as usize),
+            from_origin: false,
+            copied_bytes: 0,
+        };
+        Some((read, reservation))
     }
 
     /// The answer to a read of `range` of `version` that the DRAM tier holds (`data`, whose

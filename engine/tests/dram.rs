@@ -157,8 +157,8 @@ fn answers_without_waiting_are_current_versions_only() {
         let key = ObjectKey::new("data", "ttl").unwrap();
         block_on(engine.on_shard(0, move |cache| async move {
             Ok(cache
-                .get_memory(&key, None)
-                .map(|read| read.data.parts().concat()))
+                .get_memory(&key, None, |_| Some(()))
+                .map(|(read, ())| read.data.parts().concat()))
         }))
         .unwrap()
     };

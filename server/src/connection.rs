@@ -264,24 +264,22 @@ impl HeldBytes {
         }
     }
 
-    /// The bytes of `range`, as slices in order.
-    fn slices(&self, range: std::ops::Range<usize>) -> Vec<&[u8]> {
-        let parts = match &self.body {
-            Body::Read(data) => data.parts(),
-            Body::Owned(bytes) => vec![bytes.as_slice()],
-        };
-        let mut slices = Vec::with_capacity(parts.len());
+    /// Each slice of the bytes of `range`, in order.
+    fn for_each_slice(&self, range: std::ops::Range<usize>, mut visit: impl FnMut(&[u8])) {
         let mut offset = 0;
-        for part in parts {
+        let mut part = |part: &[u8]| {
             let (part_start, part_end) = (offset, offset + part.len());
             offset = part_end;
             let start = range.start.max(part_start);
             let end = range.end.min(part_end);
             if start < end {
-                slices.push(&part[start - part_start..end - part_start]);
+                visit(&part[start - part_start..end - part_start]);
             }
+        };
+        match &self.body {
+            Body::Read(data) => data.for_each_part(part),
+            Body::Owned(bytes) => part(bytes),
         }
-        slices
     }
 
     /// The CRC32C of `range`: for the whole of a read, what the engine knows of it (the DRAM
@@ -292,9 +290,9 @@ impl HeldBytes {
                 return data.crc();
             }
         }
-        self.slices(range)
-            .into_iter()
-            .fold(0, crc32c::crc32c_append)
+        let mut crc = 0;
+        self.for_each_slice(range, |slice| crc = crc32c::crc32c_append(crc, slice));
+        crc
     }
 }
 
@@ -311,10 +309,11 @@ impl OutFrame {
     }
 
     fn slice_count(&self) -> usize {
-        1 + self
-            .payload
-            .as_ref()
-            .map_or(0, |(held, range)| held.slices(range.clone()).len())
+        let mut count = 1;
+        if let Some((held, range)) = &self.payload {
+            held.for_each_slice(range.clone(), |_| count += 1);
+        }
+        count
     }
 }
 
@@ -327,15 +326,13 @@ struct SendBatch {
 // changed while it is held: a head is a Vec, payloads are Vecs, the DRAM tier's Rc<[u8]> (never
 // written after it is filled) or the shard's read buffers (owned by the ReadData).
 unsafe impl SendParts for SendBatch {
-    fn parts(&self) -> Vec<&[u8]> {
-        let mut parts = Vec::new();
+    fn for_each_part(&self, visit: &mut dyn FnMut(&[u8])) {
         for frame in &self.frames {
-            parts.push(frame.head.as_slice());
+            visit(frame.head.as_slice());
             if let Some((held, range)) = &frame.payload {
-                parts.extend(held.slices(range.clone()));
+                held.for_each_slice(range.clone(), &mut *visit);
             }
         }
-        parts
     }
 }
 
@@ -827,16 +824,10 @@ fn answer_from_memory(
         start: request.range_start,
         end: request.range_end,
     };
-    let Some(version) = cache.store().version(&key) else {
-        return false;
-    };
-    let Some(reservation) = connection
-        .answer_budget
-        .try_reserve(range_bytes(range, version.bytes) as usize)
-    else {
-        return false;
-    };
-    let Some(read) = cache.get_memory(&key, Some(range)) else {
+    let budget = &connection.answer_budget;
+    let Some((read, reservation)) = cache.get_memory(&key, Some(range), |bytes| {
+        budget.try_reserve(bytes as usize)
+    }) else {
         return false;
     };
     let info = ObjectInfo {
@@ -1326,15 +1317,19 @@ async fn respond(
     }
 }
 
+/// The longest list of frames a connection's writer keeps between sends.
+const FRAMES_KEPT_MAX: usize = 64;
+
 /// Send queued answers, several per send (each from where its bytes lie), until reading is
 /// done and the queue is empty.
 async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
+    // Kept from batch to batch, so that a send allocates no list of frames.
+    let mut frames = Vec::new();
     loop {
         let batch = {
             let mut outbox = connection.outbox.borrow_mut();
             let mut bytes = 0;
             let mut slices = 0;
-            let mut frames = Vec::new();
             while let Some(frame) = outbox.front() {
                 let frame_slices = frame.slice_count();
                 if !frames.is_empty()
@@ -1353,13 +1348,20 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
             if connection.reading_done.get() {
                 return;
             }
+            frames = batch.frames;
             connection.outbox_changed.wait().await;
             continue;
         }
         let total: usize = batch.frames.iter().map(OutFrame::len).sum();
-        let (sent, batch) = net::send_parts(socket, Box::new(batch)).await;
+        let (sent, batch) = net::send_parts(socket, batch).await;
         // The answers' bytes (and their room in the budget) go back now.
-        drop(batch);
+        frames = batch.frames;
+        frames.clear();
+        if frames.capacity() > FRAMES_KEPT_MAX {
+            // A burst of many small answers: give the list back rather than keep it per
+            // connection.
+            frames = Vec::new();
+        }
         connection.last_activity.set(Instant::now());
         connection
             .outbox_bytes

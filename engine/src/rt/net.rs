@@ -196,40 +196,41 @@ pub async fn send_all(socket: RawFd, buf: IoBuf) -> (io::Result<()>, IoBuf) {
 /// Bytes sent from where they lie, without gathering them into one buffer first: a list of
 /// slices. The slices must stay valid, at the same addresses and unchanged, for as long as the
 /// value lives: they lie in memory the value owns on the heap (or shares, as an `Rc<[u8]>`),
-/// never inside the value itself, which moves when it is boxed.
+/// never inside the value itself, which moves.
 ///
 /// # Safety
 ///
-/// `parts` must return the same slices every time it is called, each pointing into memory
-/// that the value keeps alive and unchanged until it is dropped.
+/// `for_each_part` must visit the same slices every time it is called, each pointing into
+/// memory that the value keeps alive and unchanged until it is dropped.
 pub unsafe trait SendParts: 'static {
-    /// The bytes, in the order they are sent.
-    fn parts(&self) -> Vec<&[u8]>;
+    /// Visit the bytes, in the order they are sent.
+    fn for_each_part(&self, visit: &mut dyn FnMut(&[u8]));
 }
 
 /// Most slices one `sendmsg` carries (the kernel's IOV_MAX is 1024).
 pub const SEND_PARTS_MAX: usize = 1024;
 
 /// What the ring holds during a gathered send: the parts, the iovecs into them and the message
-/// header that points at the iovecs, all on the heap.
+/// header that points at the iovecs, all in one heap allocation.
 struct GatheredSend<T> {
-    parts: Box<T>,
+    parts: T,
     iovecs: Vec<libc::iovec>,
     message: libc::msghdr,
 }
 
 /// Send every byte of `parts` with as few `sendmsg` calls as the kernel allows (looping over
-/// partial sends), at most `SEND_PARTS_MAX` slices per `sendmsg` (the kernel's IOV_MAX).
-pub async fn send_parts<T: SendParts>(socket: RawFd, parts: Box<T>) -> (io::Result<()>, Box<T>) {
-    let iovecs: Vec<libc::iovec> = parts
-        .parts()
-        .into_iter()
-        .filter(|part| !part.is_empty())
-        .map(|part| libc::iovec {
-            iov_base: part.as_ptr() as *mut libc::c_void,
-            iov_len: part.len(),
-        })
-        .collect();
+/// partial sends), at most `SEND_PARTS_MAX` slices per `sendmsg` (the kernel's IOV_MAX). The
+/// parts come back with the result.
+pub async fn send_parts<T: SendParts>(socket: RawFd, parts: T) -> (io::Result<()>, T) {
+    let mut iovecs = Vec::new();
+    parts.for_each_part(&mut |part| {
+        if !part.is_empty() {
+            iovecs.push(libc::iovec {
+                iov_base: part.as_ptr() as *mut libc::c_void,
+                iov_len: part.len(),
+            });
+        }
+    });
     // SAFETY: msghdr is plain data; the zeroed fields mean no address and no control data.
     let message: libc::msghdr = unsafe { std::mem::zeroed() };
     let mut gathered = Box::new(GatheredSend {

@@ -420,6 +420,18 @@ impl Store {
         })
     }
 
+    /// `version`, and the object marked visited (`touch`), in one lookup.
+    pub fn version_touched(&self, key: &ObjectKey) -> Option<StoredVersion> {
+        self.index.borrow_mut().get_mut(key).map(|record| {
+            record.flags |= RECORD_FLAG_VISITED;
+            StoredVersion {
+                bytes: record.bytes,
+                seq: record.seq,
+                dirty: record.dirty(),
+            }
+        })
+    }
+
     /// The object's metadata, without reading its data.
     pub fn head(&self, key: &ObjectKey) -> Option<ObjectMeta> {
         self.index

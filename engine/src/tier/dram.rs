@@ -91,12 +91,30 @@ impl DramTier {
         self.hasher.hash_one(key.as_bytes())
     }
 
-    /// Whether the tier holds version `seq` of `key` (nothing counted, the policy not told).
-    pub fn holds(&self, key: &ObjectKey, seq: u64) -> bool {
-        self.residents
+    /// Version `seq` of `key` (of `bytes`) and its CRC32C, if the tier holds it: then counted as
+    /// a hit, as `lookup` counts it (by the policy too when the read is `whole`); otherwise
+    /// `None` and nothing counted.
+    pub fn hit_if_held(
+        &self,
+        key: &ObjectKey,
+        seq: u64,
+        bytes: u64,
+        whole: bool,
+    ) -> Option<(Rc<[u8]>, u32)> {
+        let hash = self.hash(key);
+        let held = self
+            .residents
             .borrow()
-            .get(&self.hash(key))
-            .is_some_and(|resident| resident.seq == seq && resident.key == *key)
+            .get(&hash)
+            .filter(|resident| resident.seq == seq && resident.key == *key)
+            .map(|resident| (resident.data.clone(), resident.crc))?;
+        if bytes <= self.object_bytes_max && whole {
+            let mut evicted = self.evicted.borrow_mut();
+            self.policy.borrow_mut().access(hash, bytes, &mut evicted);
+            self.drop_evicted(&mut evicted);
+        }
+        self.stats.borrow_mut().hits += 1;
+        Some(held)
     }
 
     /// A read of `key`, whose version on NVMe is `seq` and whose size is `bytes`; `whole` when
@@ -210,9 +228,24 @@ mod tests {
             }
             _ => panic!("a filled object is a hit"),
         }
-        assert!(tier.holds(&object, 7));
-        assert!(!tier.holds(&object, 8), "another version is not held");
-        assert!(!tier.holds(&key("b"), 7));
+        let hits = tier.stats().hits;
+        let (data, crc) = tier.hit_if_held(&object, 7, 100, true).expect("held");
+        assert_eq!(
+            (&data[..], crc),
+            (&[5u8; 100][..], crc32c::crc32c(&[5u8; 100]))
+        );
+        assert_eq!(tier.stats().hits, hits + 1, "a hit is counted");
+        let misses = tier.stats().misses;
+        assert!(
+            tier.hit_if_held(&object, 8, 100, true).is_none(),
+            "another version is not held"
+        );
+        assert!(tier.hit_if_held(&key("b"), 7, 100, true).is_none());
+        assert_eq!(
+            (tier.stats().hits, tier.stats().misses),
+            (hits + 1, misses),
+            "what is not held is not counted"
+        );
         // Another version on NVMe (a newer write): a miss, refilled.
         assert!(matches!(tier.lookup(&object, 8, 100, true), Lookup::Fill));
         tier.invalidate(&object);
