@@ -141,7 +141,7 @@ fn in_flight_io_stays_under_the_bound() {
 }
 
 #[test]
-fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone() {
+fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone_in_turn() {
     const BOUND: u64 = 1 << 20;
     const LARGE: usize = 256 << 10;
     const HUGE: usize = 2 << 20;
@@ -169,6 +169,7 @@ fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone
         let highest_bytes = Rc::new(std::cell::Cell::new(0u64));
         let highest_operations = Rc::new(std::cell::Cell::new(0usize));
         let beside_huge = Rc::new(std::cell::Cell::new(0usize));
+        let completions = Rc::new(std::cell::Cell::new(0usize));
         // 48 reads of 256 KiB and 48 of 4 KiB, interleaved, and one of 2 MiB (twice the
         // bound) among them.
         let tasks: Vec<_> = (0..97u64)
@@ -184,10 +185,11 @@ fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone
                     (index * 12_288) % ((4 << 20) - LARGE as u64) / 4096 * 4096
                 };
                 let buf = arena.allocate(length);
-                let (highest_bytes, highest_operations, beside_huge) = (
+                let (highest_bytes, highest_operations, beside_huge, completions) = (
                     highest_bytes.clone(),
                     highest_operations.clone(),
                     beside_huge.clone(),
+                    completions.clone(),
                 );
                 spawn(async move {
                     let read = read_at(FileRef::Raw(fd), buf, offset, length);
@@ -205,13 +207,16 @@ fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone
                         poll
                     })
                     .await;
-                    (result.unwrap(), offset, buf)
+                    completions.set(completions.get() + 1);
+                    (result.unwrap(), offset, buf, completions.get())
                 })
             })
             .collect();
         let mut right = true;
+        let mut order = Vec::new();
         for (index, task) in tasks.into_iter().enumerate() {
-            let (read, offset, buf) = task.await;
+            let (read, offset, buf, completed) = task.await;
+            order.push(completed);
             let expected = if index == 48 {
                 HUGE
             } else if index % 2 == 0 {
@@ -222,14 +227,19 @@ fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone
             right &= read == expected
                 && buf.as_slice() == &pattern[offset as usize..offset as usize + expected];
         }
+        // Every read asked for after the huge one waited behind it: none overtook it.
+        let overtaken = order[49..].iter().filter(|&&done| done < order[48]).count();
         (
             highest_bytes.get(),
             highest_operations.get(),
             beside_huge.get(),
-            right,
+            right && overtaken == 0,
         )
     });
-    assert!(right, "every read returned the file's bytes");
+    assert!(
+        right,
+        "every read returned the file's bytes, and none asked for after the huge read overtook it"
+    );
     assert!(
         bytes <= BOUND,
         "at most {BOUND} bytes in flight beside the huge read, saw {bytes}"
@@ -243,6 +253,41 @@ fn device_bytes_in_flight_stay_under_the_byte_bound_and_a_larger_read_goes_alone
         operations > 4,
         "small reads ran beside large ones under the byte bound: {operations} at once"
     );
+    drop(file);
+}
+
+#[test]
+fn a_read_dropped_while_waiting_for_room_gives_its_place_to_the_next() {
+    let dir = TempDir::new("runtime-line");
+    let file = direct_file(&dir, 1 << 20);
+    let fd = file.as_raw_fd();
+    let config = ReactorConfig {
+        io_depth_max: 1,
+        ..ReactorConfig::default()
+    };
+    let (reply, answer) = std::sync::mpsc::channel();
+    let thread = start_thread("test-line".into(), None, config, move || async move {
+        let arena = Arena::new(1 << 20).unwrap();
+        let mut context = Context::from_waker(Waker::noop());
+        // One operation at a time: the first is submitted, the second waits in line.
+        let mut first = Box::pin(read_at(FileRef::Raw(fd), arena.allocate(4096), 0, 4096));
+        assert!(first.as_mut().poll(&mut context).is_pending());
+        let mut second = Box::pin(read_at(FileRef::Raw(fd), arena.allocate(4096), 4096, 4096));
+        assert!(second.as_mut().poll(&mut context).is_pending());
+        // The third lines up behind the second, which is then dropped before it was submitted.
+        let third = spawn(read_at(FileRef::Raw(fd), arena.allocate(4096), 8192, 4096));
+        sleep(Duration::from_millis(1)).await;
+        drop(second);
+        let first = first.await.0.unwrap();
+        let third = third.await.0.unwrap();
+        reply.send((first, third)).unwrap();
+    })
+    .unwrap();
+    let read = answer
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the read behind the dropped one ran");
+    assert_eq!(read, (4096, 4096));
+    thread.join().unwrap();
     drop(file);
 }
 

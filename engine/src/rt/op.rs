@@ -33,6 +33,8 @@ pub struct Op {
     /// Device I/O: the bytes it moves, counted against the shard's in-flight bounds. Socket
     /// operations: `None`, not counted.
     device_bytes: Option<u32>,
+    /// Its place in the line of device operations waiting for room, once it has waited.
+    ticket: Option<u64>,
 }
 
 impl Op {
@@ -41,6 +43,7 @@ impl Op {
         Op {
             state: State::Unsubmitted(entry, keep),
             device_bytes: Some(bytes),
+            ticket: None,
         }
     }
 }
@@ -52,8 +55,15 @@ impl Future for Op {
         loop {
             match std::mem::replace(&mut self.state, State::Finished) {
                 State::Unsubmitted(entry, keep) => {
+                    let this = &mut *self;
                     match with_reactor(|reactor| {
-                        reactor.try_submit(entry, keep, context.waker(), self.device_bytes)
+                        reactor.try_submit(
+                            entry,
+                            keep,
+                            context.waker(),
+                            this.device_bytes,
+                            &mut this.ticket,
+                        )
                     }) {
                         Ok(index) => self.state = State::Submitted(index),
                         Err((entry, keep)) => {
@@ -88,8 +98,12 @@ impl Drop for Op {
     fn drop(&mut self) {
         match self.state {
             State::Submitted(index) => with_reactor(|reactor| reactor.abandon_slot(index)),
-            // It may have been the waiter woken for a free slot: pass the wake-up on.
-            State::Unsubmitted(..) => with_reactor(|reactor| reactor.pass_depth_wake()),
+            // It waited in line: its place goes to the next.
+            State::Unsubmitted(..) => {
+                if let Some(ticket) = self.ticket {
+                    with_reactor(|reactor| reactor.leave_line(ticket));
+                }
+            }
             State::Finished => {}
         }
     }
@@ -101,6 +115,7 @@ pub(crate) fn submit_socket(entry: squeue::Entry, keep: Keep) -> Op {
     Op {
         state: State::Unsubmitted(entry, keep),
         device_bytes: None,
+        ticket: None,
     }
 }
 

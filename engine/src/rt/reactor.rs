@@ -180,7 +180,11 @@ pub struct Reactor {
     sockets_in_flight: Cell<usize>,
     io_depth_max: usize,
     io_bytes_max: u64,
-    depth_waiters: RefCell<VecDeque<Waker>>,
+    /// Device operations waiting for room, in the order they first found none, by ticket: only
+    /// the first may go, so a large operation waiting for the bytes in flight to drain is not
+    /// overtaken for ever by small ones.
+    depth_waiters: RefCell<VecDeque<(u64, Waker)>>,
+    next_ticket: Cell<u64>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
     timer_sequence: Cell<u64>,
     pub(crate) remote: std::sync::Arc<RemoteWake>,
@@ -209,6 +213,7 @@ impl Reactor {
             io_depth_max: config.io_depth_max,
             io_bytes_max: config.io_bytes_max.max(1),
             depth_waiters: RefCell::new(VecDeque::new()),
+            next_ticket: Cell::new(0),
             timers: RefCell::new(BTreeMap::new()),
             timer_sequence: Cell::new(0),
             remote: std::sync::Arc::new(RemoteWake::new()?),
@@ -302,19 +307,41 @@ impl Reactor {
         self.ring.borrow().submitter().register_files(fds)
     }
 
-    /// Queue `entry` if the in-flight bounds allow; otherwise remember `waker` and hand the
-    /// entry back. On success `keep` belongs to the ring until the completion arrives.
+    /// Queue `entry` if the in-flight bounds allow and no device operation that waited before
+    /// it is still waiting; otherwise remember `waker`, give the operation its place in line
+    /// (`ticket`, kept by the caller until it is submitted or dropped) and hand the entry back.
+    /// On success `keep` belongs to the ring until the completion arrives.
     pub(crate) fn try_submit(
         &self,
         entry: squeue::Entry,
         keep: Keep,
         waker: &Waker,
         device_bytes: Option<u32>,
+        ticket: &mut Option<u64>,
     ) -> Result<usize, (squeue::Entry, Keep)> {
         if let Some(bytes) = device_bytes {
-            if !self.has_room_for(bytes) {
-                self.depth_waiters.borrow_mut().push_back(waker.clone());
+            let mut waiters = self.depth_waiters.borrow_mut();
+            let first_in_line = waiters
+                .front()
+                .is_none_or(|(front, _)| Some(*front) == *ticket);
+            if !(first_in_line && self.has_room_for(bytes)) {
+                match *ticket {
+                    Some(mine) => {
+                        if let Some((_, waiting)) = waiters.iter_mut().find(|(t, _)| *t == mine) {
+                            waiting.clone_from(waker);
+                        }
+                    }
+                    None => {
+                        let mine = self.next_ticket.get();
+                        self.next_ticket.set(mine + 1);
+                        *ticket = Some(mine);
+                        waiters.push_back((mine, waker.clone()));
+                    }
+                }
                 return Err((entry, keep));
+            }
+            if ticket.take().is_some() {
+                waiters.pop_front();
             }
         }
         let slot = Slot {
@@ -339,8 +366,8 @@ impl Reactor {
                 self.in_flight.set(self.in_flight.get() + 1);
                 self.bytes_in_flight
                     .set(self.bytes_in_flight.get() + u64::from(bytes));
-                // A completion that freed room for several waiting operations woke only one:
-                // pass the wake-up on while room is left.
+                // A completion that freed room for several waiting operations woke only the
+                // first: pass the wake-up on while room is left.
                 self.pass_depth_wake();
             }
             None => self.sockets_in_flight.set(self.sockets_in_flight.get() + 1),
@@ -354,6 +381,20 @@ impl Reactor {
         let in_flight = self.bytes_in_flight.get();
         self.in_flight.get() < self.io_depth_max
             && (in_flight == 0 || in_flight + u64::from(bytes) <= self.io_bytes_max)
+    }
+
+    /// A device operation that waited in line (`ticket`) was dropped before it was submitted:
+    /// its place goes to the next.
+    pub(crate) fn leave_line(&self, ticket: u64) {
+        let was_first = {
+            let mut waiters = self.depth_waiters.borrow_mut();
+            let was_first = waiters.front().is_some_and(|(front, _)| *front == ticket);
+            waiters.retain(|(waiting, _)| *waiting != ticket);
+            was_first
+        };
+        if was_first {
+            self.pass_depth_wake();
+        }
     }
 
     fn push_entry(&self, entry: squeue::Entry) {
@@ -376,13 +417,19 @@ impl Reactor {
         }
     }
 
-    /// Wake one task waiting for room under the in-flight bound, if there is room.
+    /// Wake the first operation in line, if there may be room for it (it checks for itself and
+    /// keeps its place if there is not).
     pub(crate) fn pass_depth_wake(&self) {
         if self.in_flight.get() < self.io_depth_max
             && self.bytes_in_flight.get() < self.io_bytes_max
         {
-            if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
-                waiter.wake();
+            let first = self
+                .depth_waiters
+                .borrow()
+                .front()
+                .map(|(_, waker)| waker.clone());
+            if let Some(waker) = first {
+                waker.wake();
             }
         }
     }
@@ -569,9 +616,7 @@ impl Reactor {
         self.in_flight.set(self.in_flight.get() - 1);
         self.bytes_in_flight
             .set(self.bytes_in_flight.get() - u64::from(bytes));
-        if let Some(waiter) = self.depth_waiters.borrow_mut().pop_front() {
-            waiter.wake();
-        }
+        self.pass_depth_wake();
     }
 
     fn fire_timers(&self) {
