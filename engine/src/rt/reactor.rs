@@ -169,6 +169,13 @@ impl RemoteWake {
     }
 }
 
+/// A device operation waiting for room under the in-flight bounds.
+struct Waiter {
+    ticket: u64,
+    bytes: u32,
+    waker: Waker,
+}
+
 pub struct Reactor {
     /// Whether the fixed-buffer table has slots for external buffers.
     external_slots: Cell<bool>,
@@ -180,11 +187,14 @@ pub struct Reactor {
     sockets_in_flight: Cell<usize>,
     io_depth_max: usize,
     io_bytes_max: u64,
-    /// Device operations waiting for room, in the order they first found none, by ticket: only
-    /// the first may go, so a large operation waiting for the bytes in flight to drain is not
-    /// overtaken for ever by small ones.
-    depth_waiters: RefCell<VecDeque<(u64, Waker)>>,
+    /// Device operations waiting for room, in the order they first found none: (ticket, bytes,
+    /// waker). An operation that fits may pass those ahead of it that do not (a 4 KiB header
+    /// read need not wait behind 1 MiB reads), except one larger than the byte bound, which
+    /// waits for the bytes in flight to drain and must not be passed for ever.
+    depth_waiters: RefCell<VecDeque<Waiter>>,
     next_ticket: Cell<u64>,
+    /// How many of the waiters are larger than the byte bound.
+    oversized_waiting: Cell<usize>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
     timer_sequence: Cell<u64>,
     pub(crate) remote: std::sync::Arc<RemoteWake>,
@@ -214,6 +224,7 @@ impl Reactor {
             io_bytes_max: config.io_bytes_max.max(1),
             depth_waiters: RefCell::new(VecDeque::new()),
             next_ticket: Cell::new(0),
+            oversized_waiting: Cell::new(0),
             timers: RefCell::new(BTreeMap::new()),
             timer_sequence: Cell::new(0),
             remote: std::sync::Arc::new(RemoteWake::new()?),
@@ -320,28 +331,12 @@ impl Reactor {
         ticket: &mut Option<u64>,
     ) -> Result<usize, (squeue::Entry, Keep)> {
         if let Some(bytes) = device_bytes {
-            let mut waiters = self.depth_waiters.borrow_mut();
-            let first_in_line = waiters
-                .front()
-                .is_none_or(|(front, _)| Some(*front) == *ticket);
-            if !(first_in_line && self.has_room_for(bytes)) {
-                match *ticket {
-                    Some(mine) => {
-                        if let Some((_, waiting)) = waiters.iter_mut().find(|(t, _)| *t == mine) {
-                            waiting.clone_from(waker);
-                        }
-                    }
-                    None => {
-                        let mine = self.next_ticket.get();
-                        self.next_ticket.set(mine + 1);
-                        *ticket = Some(mine);
-                        waiters.push_back((mine, waker.clone()));
-                    }
-                }
+            if !(self.has_room_for(bytes) && !self.passes_an_oversized_waiter(*ticket)) {
+                self.wait_in_line(bytes, ticket, waker);
                 return Err((entry, keep));
             }
-            if ticket.take().is_some() {
-                waiters.pop_front();
+            if let Some(mine) = ticket.take() {
+                self.leave_waiters(mine);
             }
         }
         let slot = Slot {
@@ -383,18 +378,57 @@ impl Reactor {
             && (in_flight == 0 || in_flight + u64::from(bytes) <= self.io_bytes_max)
     }
 
-    /// A device operation that waited in line (`ticket`) was dropped before it was submitted:
-    /// its place goes to the next.
-    pub(crate) fn leave_line(&self, ticket: u64) {
-        let was_first = {
-            let mut waiters = self.depth_waiters.borrow_mut();
-            let was_first = waiters.front().is_some_and(|(front, _)| *front == ticket);
-            waiters.retain(|(waiting, _)| *waiting != ticket);
-            was_first
-        };
-        if was_first {
-            self.pass_depth_wake();
+    /// Whether submitting now would pass a waiter larger than the byte bound that came before
+    /// (`ticket`: the caller's place in line, if it has one).
+    fn passes_an_oversized_waiter(&self, ticket: Option<u64>) -> bool {
+        if self.oversized_waiting.get() == 0 {
+            return false;
         }
+        self.depth_waiters
+            .borrow()
+            .iter()
+            .take_while(|waiter| Some(waiter.ticket) != ticket)
+            .any(|waiter| u64::from(waiter.bytes) > self.io_bytes_max)
+    }
+
+    /// Take a place in line (or, holding one, update its waker).
+    fn wait_in_line(&self, bytes: u32, ticket: &mut Option<u64>, waker: &Waker) {
+        let mut waiters = self.depth_waiters.borrow_mut();
+        if let Some(mine) = *ticket {
+            if let Some(waiter) = waiters.iter_mut().find(|waiter| waiter.ticket == mine) {
+                waiter.waker.clone_from(waker);
+                return;
+            }
+        }
+        let mine = self.next_ticket.get();
+        self.next_ticket.set(mine + 1);
+        *ticket = Some(mine);
+        if u64::from(bytes) > self.io_bytes_max {
+            self.oversized_waiting.set(self.oversized_waiting.get() + 1);
+        }
+        waiters.push_back(Waiter {
+            ticket: mine,
+            bytes,
+            waker: waker.clone(),
+        });
+    }
+
+    /// Remove `ticket` from the line.
+    fn leave_waiters(&self, ticket: u64) {
+        let mut waiters = self.depth_waiters.borrow_mut();
+        if let Some(position) = waiters.iter().position(|waiter| waiter.ticket == ticket) {
+            let waiter = waiters.remove(position).expect("found");
+            if u64::from(waiter.bytes) > self.io_bytes_max {
+                self.oversized_waiting.set(self.oversized_waiting.get() - 1);
+            }
+        }
+    }
+
+    /// A device operation that waited in line (`ticket`) was dropped before it was submitted:
+    /// its place goes to those behind it.
+    pub(crate) fn leave_line(&self, ticket: u64) {
+        self.leave_waiters(ticket);
+        self.pass_depth_wake();
     }
 
     fn push_entry(&self, entry: squeue::Entry) {
@@ -417,19 +451,24 @@ impl Reactor {
         }
     }
 
-    /// Wake the first operation in line, if there may be room for it (it checks for itself and
-    /// keeps its place if there is not).
+    /// Wake the waiting operations that fit in the room left now, in their order in line; one
+    /// larger than the byte bound stops the walk (those behind it wait for it). A woken operation
+    /// checks again when it is polled and keeps its place if the room went meanwhile.
     pub(crate) fn pass_depth_wake(&self) {
-        if self.in_flight.get() < self.io_depth_max
-            && self.bytes_in_flight.get() < self.io_bytes_max
-        {
-            let first = self
-                .depth_waiters
-                .borrow()
-                .front()
-                .map(|(_, waker)| waker.clone());
-            if let Some(waker) = first {
-                waker.wake();
+        let mut operations_left = self.io_depth_max.saturating_sub(self.in_flight.get());
+        let mut bytes = self.bytes_in_flight.get();
+        // Waking a task only queues it on this thread's executor: nothing here runs it.
+        for waiter in self.depth_waiters.borrow().iter() {
+            if operations_left == 0 {
+                break;
+            }
+            let size = u64::from(waiter.bytes);
+            if bytes == 0 || bytes + size <= self.io_bytes_max {
+                waiter.waker.wake_by_ref();
+                operations_left -= 1;
+                bytes += size;
+            } else if size > self.io_bytes_max {
+                break;
             }
         }
     }
