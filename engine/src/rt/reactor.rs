@@ -331,7 +331,7 @@ impl Reactor {
         ticket: &mut Option<u64>,
     ) -> Result<usize, (squeue::Entry, Keep)> {
         if let Some(bytes) = device_bytes {
-            if !(self.has_room_for(bytes) && !self.passes_an_oversized_waiter(*ticket)) {
+            if !self.has_room_for(bytes) || self.passes_an_oversized_waiter(*ticket) {
                 self.wait_in_line(bytes, ticket, waker);
                 return Err((entry, keep));
             }
