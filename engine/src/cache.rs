@@ -517,7 +517,8 @@ impl Cache {
 
     /// The object (whole, or `range`) from the DRAM tier, when it holds the version NVMe holds
     /// and that version is current without asking the origin; `None` otherwise (and for a range
-    /// outside the object), with nothing counted: the caller then reads with `get_parts`.
+    /// outside the object), with nothing counted (the object is marked visited on NVMe all the
+    /// same, as the read that follows would): the caller then reads with `get_parts`.
     /// `reserve` is asked for room for the answer's payload bytes before anything is counted; a
     /// `None` from it declines too. Never waits, so a server can answer a hit where the request
     /// arrived.
@@ -539,6 +540,11 @@ impl Cache {
         let reservation = reserve(end - start)?;
         let whole = whole(range, version.bytes);
         let (data, crc) = dram.hit_if_held(key, version.seq, version.bytes, whole)?;
+        debug_assert_eq!(
+            data.len() as u64,
+            version.bytes,
+            "the tier holds whole objects"
+        );
         let memory = ReadData::Memory {
             range: 0..data.len(),
             data,

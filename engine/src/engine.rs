@@ -62,9 +62,10 @@ pub struct EngineConfig {
     pub arena_bytes: usize,
     /// Device operations in flight per shard. Default 64.
     pub io_depth_max: usize,
-    /// Device bytes in flight per shard; a read or write larger than this goes alone. Some
-    /// devices serve large reads fastest with few in flight (measure yours with
-    /// `fio-profiles/randread-1m-depths.fio`). Default 8 MiB.
+    /// Device bytes in flight per shard, raised to one entry (a chunk and its 4 KiB header) if
+    /// smaller; a read or write larger than this goes alone. Some devices serve large reads
+    /// fastest with few in flight (measure yours with `fio-profiles/randread-1m-depths.fio`).
+    /// Default 8 MiB.
     pub io_bytes_in_flight_max: u64,
     /// Under load, how long a shard may wait to gather completions before submitting more.
     /// Default 100 µs.
@@ -564,7 +565,11 @@ impl Engine {
                 reactor: ReactorConfig {
                     ring_entries: (config.io_depth_max as u32 * 2 + 8).next_power_of_two(),
                     io_depth_max: config.io_depth_max,
-                    io_bytes_max: config.io_bytes_in_flight_max,
+                    // At least one entry (a chunk and its header), so that the store's own
+                    // reads and writes never have to go alone.
+                    io_bytes_max: config
+                        .io_bytes_in_flight_max
+                        .max(u64::from(geometry.chunk_bytes) + BLOCK_BYTES as u64),
                     completion_batch_wait_us: config.completion_batch_wait_us,
                 },
                 requests_in_flight_max: config.requests_in_flight_max,

@@ -16,7 +16,7 @@ use hydrant_engine::buf::{Arena, IoBuf};
 use hydrant_engine::rt::channel::{bounded, oneshot};
 use hydrant_engine::rt::op::{read_at, write_at, FileRef};
 use hydrant_engine::rt::{
-    block_on, current_reactor, spawn, start_thread, time::sleep, ReactorConfig,
+    block_on, current_reactor, spawn, start_thread, time::sleep, ReactorConfig, WAITER_PASSES_MAX,
 };
 
 /// Run `body` on a fresh shard thread and return its result.
@@ -277,8 +277,10 @@ fn a_read_dropped_while_waiting_for_room_gives_its_place_to_the_next() {
         // The third lines up behind the second, which is then dropped before it was submitted.
         let third = spawn(read_at(FileRef::Raw(fd), arena.allocate(4096), 8192, 4096));
         sleep(Duration::from_millis(1)).await;
-        drop(second);
+        // The first completes: the room it leaves goes to the second, first in line, which is
+        // then dropped without being polled again; the third must get its place.
         let first = first.await.0.unwrap();
+        drop(second);
         let third = third.await.0.unwrap();
         reply.send((first, third)).unwrap();
     })
@@ -288,6 +290,66 @@ fn a_read_dropped_while_waiting_for_room_gives_its_place_to_the_next() {
         .expect("the read behind the dropped one ran");
     assert_eq!(read, (4096, 4096));
     thread.join().unwrap();
+    drop(file);
+}
+
+#[test]
+fn reads_that_fit_pass_a_waiting_larger_one_until_it_has_been_passed_enough() {
+    let dir = TempDir::new("runtime-pass");
+    let file = direct_file(&dir, 4 << 20);
+    let fd = file.as_raw_fd();
+    let config = ReactorConfig {
+        io_bytes_max: 1 << 20,
+        ..ReactorConfig::default()
+    };
+    let outcome = on_shard(config, move || async move {
+        let arena = Arena::new(4 << 20).unwrap();
+        let mut context = Context::from_waker(Waker::noop());
+        let in_flight = || current_reactor().in_flight();
+        // 768 KiB in flight; a read of 512 KiB does not fit under the 1 MiB bound and waits.
+        let mut large = Box::pin(read_at(
+            FileRef::Raw(fd),
+            arena.allocate(768 << 10),
+            0,
+            768 << 10,
+        ));
+        assert!(large.as_mut().poll(&mut context).is_pending());
+        let mut waiting = Box::pin(read_at(
+            FileRef::Raw(fd),
+            arena.allocate(512 << 10),
+            1 << 20,
+            512 << 10,
+        ));
+        assert!(waiting.as_mut().poll(&mut context).is_pending());
+        assert_eq!(in_flight(), 1, "the 512 KiB read waits");
+        // Reads of 4 KiB fit and pass it, WAITER_PASSES_MAX of them; the next waits behind it
+        // although it would fit.
+        let mut small = Vec::new();
+        for index in 0..=WAITER_PASSES_MAX as u64 {
+            let mut read = Box::pin(read_at(
+                FileRef::Raw(fd),
+                arena.allocate(4096),
+                (2 << 20) + index * 4096,
+                4096,
+            ));
+            assert!(read.as_mut().poll(&mut context).is_pending());
+            small.push(read);
+        }
+        let passed = in_flight() - 1;
+        let mut lengths = vec![large.await.0.unwrap(), waiting.await.0.unwrap()];
+        for read in small {
+            lengths.push(read.await.0.unwrap());
+        }
+        (passed, lengths)
+    });
+    let (passed, lengths) = outcome;
+    assert_eq!(
+        passed, WAITER_PASSES_MAX as usize,
+        "small reads passed the waiting one until it closed the line"
+    );
+    assert_eq!(lengths[0], 768 << 10);
+    assert_eq!(lengths[1], 512 << 10);
+    assert!(lengths[2..].iter().all(|&length| length == 4096));
     drop(file);
 }
 

@@ -801,7 +801,8 @@ fn hello(connection: &Connection, header: &FrameHeader, extension: &[u8]) -> boo
 
 /// Answer a GET where it arrived, without a task of its own, when its key is this shard's and
 /// the DRAM tier holds the current version (the common case of small hot objects: no wait is
-/// possible). Returns false, having done nothing visible, when the request must take the usual
+/// possible). Returns false, having counted and sent nothing (the object may be marked visited
+/// on NVMe, as the usual path's read would), when the request must take the usual
 /// path (it may then still be a DRAM hit: this path only skips what must not wait).
 fn answer_from_memory(
     connection: &Rc<Connection>,

@@ -76,9 +76,9 @@ struct Arguments {
     /// Memory for the DRAM tier in front of NVMe, e.g. 8GiB (0: none). Default 256MiB.
     #[arg(long, env = "HYDRANT_DRAM_BYTES")]
     dram_bytes: Option<String>,
-    /// Device bytes in flight per shard, 4KiB-1GiB, e.g. 4MiB; a larger read goes alone. Some
-    /// devices serve large reads fastest with few in flight: measure with
-    /// fio-profiles/randread-1m-depths.fio. Default 8MiB.
+    /// Device bytes in flight per shard, 4KiB-1GiB, e.g. 16MiB (raised to one chunk and its 4 KiB
+    /// header if smaller); a larger operation goes alone. Some devices serve large reads fastest
+    /// with few in flight: measure with fio-profiles/randread-1m-depths.fio. Default 8MiB.
     #[arg(long, env = "HYDRANT_IO_BYTES_IN_FLIGHT")]
     io_bytes_in_flight: Option<String>,
     /// The dirty-byte budget: write-back PUTs wait (then get BUSY) above it, e.g. 4GiB.

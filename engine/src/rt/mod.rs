@@ -23,6 +23,7 @@ pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
 pub use reactor::{
     Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS, IO_BYTES_MAX_DEFAULT,
+    WAITER_PASSES_MAX,
 };
 
 use std::future::Future;

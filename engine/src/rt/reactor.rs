@@ -174,7 +174,14 @@ struct Waiter {
     ticket: u64,
     bytes: u32,
     waker: Waker,
+    /// Operations submitted past it while it was first in line.
+    passed: u32,
+    /// Nothing may pass it: it is larger than the byte bound, or was passed too often.
+    closes_line: bool,
 }
+
+/// How many operations may pass the first waiter in line before it closes the line behind it.
+pub const WAITER_PASSES_MAX: u32 = 16;
 
 pub struct Reactor {
     /// Whether the fixed-buffer table has slots for external buffers.
@@ -187,14 +194,15 @@ pub struct Reactor {
     sockets_in_flight: Cell<usize>,
     io_depth_max: usize,
     io_bytes_max: u64,
-    /// Device operations waiting for room, in the order they first found none: (ticket, bytes,
-    /// waker). An operation that fits may pass those ahead of it that do not (a 4 KiB header
-    /// read need not wait behind 1 MiB reads), except one larger than the byte bound, which
-    /// waits for the bytes in flight to drain and must not be passed for ever.
+    /// Device operations waiting for room, in the order they first found none. An operation
+    /// that fits may pass those ahead of it that do not (a 4 KiB header read need not wait
+    /// behind 1 MiB reads), except a waiter that closes the line: one larger than the byte bound
+    /// (it waits for the bytes in flight to drain), or the first in line once it has been passed
+    /// `WAITER_PASSES_MAX` times. So nothing waits for ever.
     depth_waiters: RefCell<VecDeque<Waiter>>,
     next_ticket: Cell<u64>,
-    /// How many of the waiters are larger than the byte bound.
-    oversized_waiting: Cell<usize>,
+    /// How many of the waiters close the line.
+    closing_waiters: Cell<usize>,
     timers: RefCell<BTreeMap<(Instant, u64), Waker>>,
     timer_sequence: Cell<u64>,
     pub(crate) remote: std::sync::Arc<RemoteWake>,
@@ -224,7 +232,7 @@ impl Reactor {
             io_bytes_max: config.io_bytes_max.max(1),
             depth_waiters: RefCell::new(VecDeque::new()),
             next_ticket: Cell::new(0),
-            oversized_waiting: Cell::new(0),
+            closing_waiters: Cell::new(0),
             timers: RefCell::new(BTreeMap::new()),
             timer_sequence: Cell::new(0),
             remote: std::sync::Arc::new(RemoteWake::new()?),
@@ -318,10 +326,10 @@ impl Reactor {
         self.ring.borrow().submitter().register_files(fds)
     }
 
-    /// Queue `entry` if the in-flight bounds allow and no device operation that waited before
-    /// it is still waiting; otherwise remember `waker`, give the operation its place in line
-    /// (`ticket`, kept by the caller until it is submitted or dropped) and hand the entry back.
-    /// On success `keep` belongs to the ring until the completion arrives.
+    /// Queue `entry` if the in-flight bounds allow and no waiter ahead of it closes the line;
+    /// otherwise remember `waker`, give the operation its place in line (`ticket`, kept by the
+    /// caller until it is submitted or dropped) and hand the entry back. On success `keep`
+    /// belongs to the ring until the completion arrives.
     pub(crate) fn try_submit(
         &self,
         entry: squeue::Entry,
@@ -331,12 +339,21 @@ impl Reactor {
         ticket: &mut Option<u64>,
     ) -> Result<usize, (squeue::Entry, Keep)> {
         if let Some(bytes) = device_bytes {
-            if !self.has_room_for(bytes) || self.passes_an_oversized_waiter(*ticket) {
+            if !self.has_room_for(bytes) || self.line_closed_before(*ticket) {
                 self.wait_in_line(bytes, ticket, waker);
                 return Err((entry, keep));
             }
-            if let Some(mine) = ticket.take() {
+            let first_in_line = self
+                .depth_waiters
+                .borrow()
+                .front()
+                .map(|first| first.ticket);
+            let mine = ticket.take();
+            if let Some(mine) = mine {
                 self.leave_waiters(mine);
+            }
+            if first_in_line.is_some() && first_in_line != mine {
+                self.count_a_pass();
             }
         }
         let slot = Slot {
@@ -378,17 +395,29 @@ impl Reactor {
             && (in_flight == 0 || in_flight + u64::from(bytes) <= self.io_bytes_max)
     }
 
-    /// Whether submitting now would pass a waiter larger than the byte bound that came before
-    /// (`ticket`: the caller's place in line, if it has one).
-    fn passes_an_oversized_waiter(&self, ticket: Option<u64>) -> bool {
-        if self.oversized_waiting.get() == 0 {
+    /// Whether a waiter ahead of `ticket` (the caller's place in line, if it has one) closes
+    /// the line.
+    fn line_closed_before(&self, ticket: Option<u64>) -> bool {
+        if self.closing_waiters.get() == 0 {
             return false;
         }
         self.depth_waiters
             .borrow()
             .iter()
             .take_while(|waiter| Some(waiter.ticket) != ticket)
-            .any(|waiter| u64::from(waiter.bytes) > self.io_bytes_max)
+            .any(|waiter| waiter.closes_line)
+    }
+
+    /// An operation that was not waiting went past the first in line (if any is waiting).
+    fn count_a_pass(&self) {
+        let mut waiters = self.depth_waiters.borrow_mut();
+        if let Some(first) = waiters.front_mut() {
+            first.passed += 1;
+            if first.passed >= WAITER_PASSES_MAX && !first.closes_line {
+                first.closes_line = true;
+                self.closing_waiters.set(self.closing_waiters.get() + 1);
+            }
+        }
     }
 
     /// Take a place in line (or, holding one, update its waker).
@@ -403,13 +432,16 @@ impl Reactor {
         let mine = self.next_ticket.get();
         self.next_ticket.set(mine + 1);
         *ticket = Some(mine);
-        if u64::from(bytes) > self.io_bytes_max {
-            self.oversized_waiting.set(self.oversized_waiting.get() + 1);
+        let closes_line = u64::from(bytes) > self.io_bytes_max;
+        if closes_line {
+            self.closing_waiters.set(self.closing_waiters.get() + 1);
         }
         waiters.push_back(Waiter {
             ticket: mine,
             bytes,
             waker: waker.clone(),
+            passed: 0,
+            closes_line,
         });
     }
 
@@ -418,8 +450,8 @@ impl Reactor {
         let mut waiters = self.depth_waiters.borrow_mut();
         if let Some(position) = waiters.iter().position(|waiter| waiter.ticket == ticket) {
             let waiter = waiters.remove(position).expect("found");
-            if u64::from(waiter.bytes) > self.io_bytes_max {
-                self.oversized_waiting.set(self.oversized_waiting.get() - 1);
+            if waiter.closes_line {
+                self.closing_waiters.set(self.closing_waiters.get() - 1);
             }
         }
     }
@@ -452,7 +484,7 @@ impl Reactor {
     }
 
     /// Wake the waiting operations that fit in the room left now, in their order in line; one
-    /// larger than the byte bound stops the walk (those behind it wait for it). A woken operation
+    /// that closes the line stops the walk (those behind it wait for it). A woken operation
     /// checks again when it is polled and keeps its place if the room went meanwhile.
     pub(crate) fn pass_depth_wake(&self) {
         let mut operations_left = self.io_depth_max.saturating_sub(self.in_flight.get());
@@ -467,7 +499,7 @@ impl Reactor {
                 waiter.waker.wake_by_ref();
                 operations_left -= 1;
                 bytes += size;
-            } else if size > self.io_bytes_max {
+            } else if waiter.closes_line {
                 break;
             }
         }

@@ -22,8 +22,8 @@ pub const DRAM_OBJECT_BYTES_MAX: u64 = 4 << 20;
 /// many. The tier's policy runs on every hit, and unsampled shadows were five of its six cache
 /// accesses: 4 KiB GETs from the tier went 8-14% faster with this floor (hydrant-bench server),
 /// and on cloudPhysicsIO at 128 MiB-1 GiB the policy missed the same but for +0.6% at 512 MiB
-/// (`hydrant-bench trace --policies hydrant,hydrant-dram`). A tier of more than about 1 GiB
-/// per shard samples more sparsely anyway.
+/// (`hydrant-bench trace --policies hydrant,hydrant-dram`). A tier of more than about 16 GiB
+/// per shard samples more sparsely anyway (16,384 shadow objects of an assumed 64 KiB).
 pub const DRAM_SHADOW_SAMPLE_ONE_IN_MIN: u64 = 16;
 
 struct Resident {
