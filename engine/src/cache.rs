@@ -52,6 +52,30 @@ fn whole(range: Option<ByteRange>, bytes: u64) -> bool {
     range.is_none_or(|range| range.start == 0 && range.end.is_none_or(|end| end >= bytes))
 }
 
+/// The answer for `range` of `version`, which the DRAM tier holds whole (`data`, whose CRC32C is
+/// `crc`).
+fn from_memory(
+    version: StoredVersion,
+    range: std::ops::Range<u64>,
+    data: Rc<[u8]>,
+    crc: u32,
+) -> PartsRead {
+    let memory = ReadData::Memory {
+        range: 0..data.len(),
+        data,
+        crc: Some(crc),
+    };
+    PartsRead {
+        bytes: version.bytes,
+        seq: version.seq,
+        dirty: version.dirty,
+        start: range.start,
+        data: memory.narrowed(range.start as usize..range.end as usize),
+        from_origin: false,
+        copied_bytes: 0,
+    }
+}
+
 /// Times a read starts over when the origin object changes under it.
 const READ_ATTEMPTS_MAX: usize = 3;
 /// Chunks read ahead of a sequential reader of a large origin object.
@@ -545,21 +569,7 @@ impl Cache {
             version.bytes,
             "the tier holds whole objects"
         );
-        let memory = ReadData::Memory {
-            range: 0..data.len(),
-            data,
-            crc: Some(crc),
-        };
-        let read = PartsRead {
-            bytes: version.bytes,
-            seq: version.seq,
-            dirty: version.dirty,
-            start,
-            data: memory.narrowed(start as usize..end as usize),
-            from_origin: false,
-            copied_bytes: 0,
-        };
-        Some((read, reservation))
+        Some((from_memory(version, start..end, data, crc), reservation))
     }
 
     /// The answer to a read of `range` of `version` that the DRAM tier holds (`data`, whose
@@ -573,22 +583,8 @@ impl Cache {
         crc: u32,
     ) -> Result<PartsRead> {
         self.store.touch(key);
-        let bytes = data.len() as u64;
-        let (start, end) = resolve_range(range, bytes)?;
-        let memory = ReadData::Memory {
-            range: 0..data.len(),
-            data,
-            crc: Some(crc),
-        };
-        Ok(PartsRead {
-            bytes,
-            seq: version.seq,
-            dirty: version.dirty,
-            start,
-            data: memory.narrowed(start as usize..end as usize),
-            from_origin: false,
-            copied_bytes: 0,
-        })
+        let (start, end) = resolve_range(range, data.len() as u64)?;
+        Ok(from_memory(version, start..end, data, crc))
     }
 
     /// The object from the DRAM tier, or from NVMe (filling the DRAM tier as its policy asks;
