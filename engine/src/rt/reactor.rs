@@ -378,9 +378,6 @@ impl Reactor {
                 self.in_flight.set(self.in_flight.get() + 1);
                 self.bytes_in_flight
                     .set(self.bytes_in_flight.get() + u64::from(bytes));
-                // A completion that freed room for several waiting operations woke only the
-                // first: pass the wake-up on while room is left.
-                self.pass_depth_wake();
             }
             None => self.sockets_in_flight.set(self.sockets_in_flight.get() + 1),
         }
