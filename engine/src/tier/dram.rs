@@ -91,6 +91,15 @@ impl DramTier {
         self.hasher.hash_one(key.as_bytes())
     }
 
+    /// The bytes of version `seq` of `key` (whose hash is `hash`) and their CRC32C, if held.
+    fn held(&self, hash: u64, key: &ObjectKey, seq: u64) -> Option<(Rc<[u8]>, u32)> {
+        self.residents
+            .borrow()
+            .get(&hash)
+            .filter(|resident| resident.seq == seq && resident.key == *key)
+            .map(|resident| (resident.data.clone(), resident.crc))
+    }
+
     /// Version `seq` of `key` (of `bytes`) and its CRC32C, if the tier holds it: then counted as
     /// a hit, as `lookup` counts it (by the policy too when the read is `whole`); otherwise
     /// `None` and nothing counted.
@@ -102,12 +111,7 @@ impl DramTier {
         whole: bool,
     ) -> Option<(Rc<[u8]>, u32)> {
         let hash = self.hash(key);
-        let held = self
-            .residents
-            .borrow()
-            .get(&hash)
-            .filter(|resident| resident.seq == seq && resident.key == *key)
-            .map(|resident| (resident.data.clone(), resident.crc))?;
+        let held = self.held(hash, key, seq)?;
         if bytes <= self.object_bytes_max && whole {
             let mut evicted = self.evicted.borrow_mut();
             self.policy.borrow_mut().access(hash, bytes, &mut evicted);
@@ -121,12 +125,7 @@ impl DramTier {
     /// the read wants the whole object (only those are admitted). Counts a hit or a miss.
     pub fn lookup(&self, key: &ObjectKey, seq: u64, bytes: u64, whole: bool) -> Lookup {
         let hash = self.hash(key);
-        let held = self
-            .residents
-            .borrow()
-            .get(&hash)
-            .filter(|resident| resident.seq == seq && resident.key == *key)
-            .map(|resident| (resident.data.clone(), resident.crc));
+        let held = self.held(hash, key, seq);
         if bytes > self.object_bytes_max || !whole {
             // Not the tier's kind of read: a hit is served, nothing is admitted.
             return self.count(held.map_or(Lookup::Pass, |(data, crc)| Lookup::Hit(data, crc)));
