@@ -182,16 +182,33 @@ impl Message for ObjectName {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        ObjectNameRef::decode_from(reader).map(ObjectNameRef::to_owned)
+    }
+}
+
+/// An `ObjectName` read where it lies in an extension, checked alike, without copying it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectNameRef<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+}
+
+impl<'a> ObjectNameRef<'a> {
+    pub fn decode_from(reader: &mut Reader<'a>) -> Result<Self, ProtoError> {
         let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
         check_bucket(bucket)?;
         let key = reader.text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?;
         if key.is_empty() || key.contains('\0') {
             return Err(ProtoError::Malformed("empty key or key with NUL"));
         }
-        Ok(ObjectName {
-            bucket: bucket.to_string(),
-            key: key.to_string(),
-        })
+        Ok(ObjectNameRef { bucket, key })
+    }
+
+    pub fn to_owned(self) -> ObjectName {
+        ObjectName {
+            bucket: self.bucket.to_string(),
+            key: self.key.to_string(),
+        }
     }
 }
 
@@ -211,7 +228,35 @@ impl Message for GetRequest {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let name = ObjectName::decode_from(reader)?;
+        let request = GetRequestRef::decode_from(reader)?;
+        Ok(GetRequest {
+            name: request.name.to_owned(),
+            range_start: request.range_start,
+            range_end: request.range_end,
+        })
+    }
+}
+
+/// A `GetRequest` read where it lies, its name borrowed: what a server answering from memory
+/// decodes without allocating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetRequestRef<'a> {
+    pub name: ObjectNameRef<'a>,
+    pub range_start: u64,
+    pub range_end: Option<u64>,
+}
+
+impl<'a> GetRequestRef<'a> {
+    /// Decode exactly `bytes`, as `Message::decode` does.
+    pub fn decode(bytes: &'a [u8]) -> Result<Self, ProtoError> {
+        let mut reader = Reader::new(bytes);
+        let request = GetRequestRef::decode_from(&mut reader)?;
+        reader.finish()?;
+        Ok(request)
+    }
+
+    fn decode_from(reader: &mut Reader<'a>) -> Result<Self, ProtoError> {
+        let name = ObjectNameRef::decode_from(reader)?;
         let range_start = reader.u64()?;
         let range_end = match reader.u64()? {
             u64::MAX => None,
@@ -220,7 +265,7 @@ impl Message for GetRequest {
             }
             end => Some(end),
         };
-        Ok(GetRequest {
+        Ok(GetRequestRef {
             name,
             range_start,
             range_end,
@@ -238,12 +283,24 @@ pub struct ObjectInfo {
     pub range_start: u64,
 }
 
+/// Bytes of an encoded `ObjectInfo`.
+pub const OBJECT_INFO_BYTES: usize = 25;
+
+impl ObjectInfo {
+    /// The encoding, without allocating (what `encode` returns in a vector).
+    pub fn to_bytes(&self) -> [u8; OBJECT_INFO_BYTES] {
+        let mut bytes = [0u8; OBJECT_INFO_BYTES];
+        bytes[..8].copy_from_slice(&self.object_bytes.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        bytes[16] = u8::from(self.dirty);
+        bytes[17..].copy_from_slice(&self.range_start.to_le_bytes());
+        bytes
+    }
+}
+
 impl Message for ObjectInfo {
     fn encode_into(&self, writer: &mut Writer) {
-        writer.u64(self.object_bytes);
-        writer.u64(self.seq);
-        writer.u8(u8::from(self.dirty));
-        writer.u64(self.range_start);
+        writer.fixed(&self.to_bytes());
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -544,12 +601,22 @@ mod tests {
             range_start: 10,
             range_end: Some(20),
         };
-        assert_eq!(GetRequest::decode(&get.encode()), Ok(get));
+        assert_eq!(GetRequest::decode(&get.encode()), Ok(get.clone()));
         let whole = GetRequest {
             name: name(),
             range_start: 0,
             range_end: None,
         };
+        let get_bytes = get.encode();
+        let borrowed = GetRequestRef::decode(&get_bytes).expect("decodes");
+        assert_eq!(
+            (
+                borrowed.name.to_owned(),
+                borrowed.range_start,
+                borrowed.range_end
+            ),
+            (get.name.clone(), 10, Some(20))
+        );
         assert_eq!(GetRequest::decode(&whole.encode()), Ok(whole));
         let info = ObjectInfo {
             object_bytes: 100,
@@ -558,6 +625,12 @@ mod tests {
             range_start: 10,
         };
         assert_eq!(ObjectInfo::decode(&info.encode()), Ok(info));
+        assert_eq!(info.encode().len(), OBJECT_INFO_BYTES);
+        assert_eq!(
+            ObjectInfo::decode(&info.to_bytes()),
+            Ok(info),
+            "to_bytes is the encoding"
+        );
         let put = PutRequest {
             name: name(),
             object_bytes: 1 << 40,
@@ -600,6 +673,15 @@ mod tests {
             range_end: Some(10),
         };
         assert!(GetRequest::decode(&backwards.encode()).is_err());
+        assert!(GetRequestRef::decode(&backwards.encode()).is_err());
+        let mut trailing_get = GetRequest {
+            name: name(),
+            range_start: 0,
+            range_end: None,
+        }
+        .encode();
+        trailing_get.push(0);
+        assert!(GetRequestRef::decode(&trailing_get).is_err());
         let small_limits = Limits {
             extension_bytes_max: 10,
             ..Limits::default()

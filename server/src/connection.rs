@@ -13,16 +13,17 @@ use std::time::{Duration, Instant};
 use hydrant_engine::buf::IoBuf;
 use hydrant_engine::rt::net::SendParts;
 use hydrant_engine::rt::sync::{OwnedPermit, Semaphore, WaitQueue};
-use hydrant_engine::rt::{net, spawn, time::sleep};
+use hydrant_engine::rt::time::{self, sleep};
+use hydrant_engine::rt::{net, spawn};
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
 use hydrant_engine::{Cache, ReadData};
 
 use crate::metrics;
 use hydrant_proto::message::{
-    BatchGetRequest, BatchItem, FlushRequest, GetRequest, HelloRequest, HelloResponse, ListEntries,
-    ListEntry, ListRequest, Message, ObjectInfo, ObjectName, PrefetchRequest, PrefetchResult,
-    PutRequest, LIST_ENTRIES_MAX,
+    BatchGetRequest, BatchItem, FlushRequest, GetRequest, GetRequestRef, HelloRequest,
+    HelloResponse, ListEntries, ListEntry, ListRequest, Message, ObjectInfo, ObjectName,
+    PrefetchRequest, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
     payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
@@ -405,57 +406,107 @@ fn out_frame(
     }
 }
 
-/// Bytes received and not yet consumed.
+/// Bytes received and not yet consumed, in one buffer the kernel receives into: the bytes
+/// `start..len` of `buf`. It holds at least `RECEIVE_BYTES_MIN`, grows to hold the frame being
+/// read (bounded by the negotiated limits), and shrinks back once a large frame is used.
 struct Input {
     socket: RawFd,
-    bytes: Vec<u8>,
+    /// `None` only while a receive holds it.
+    buf: Option<IoBuf>,
     start: usize,
-    receive: Option<IoBuf>,
 }
 
 impl Input {
-    /// The next `count` bytes; `None` when the peer closed the connection cleanly before the
-    /// first of them.
-    async fn take(&mut self, count: usize) -> io::Result<Option<Vec<u8>>> {
-        while self.bytes.len() - self.start < count {
-            // An idle connection waits with a small buffer; a large frame gets a large one.
-            let missing = count - (self.bytes.len() - self.start);
-            let want = missing.clamp(RECEIVE_BYTES_MIN, RECEIVE_BYTES);
-            let mut buf = match self.receive.take() {
-                Some(buf) if buf.capacity() >= want && buf.capacity() <= want * 4 => buf,
-                _ => IoBuf::heap(want),
-            };
-            buf.set_len(0);
-            // With nothing pending, the peer is most likely still waiting for an answer.
-            let expect_wait = self.bytes.len() == self.start;
-            let (received, buf) = net::recv(self.socket, buf, expect_wait).await;
-            let received = received?;
-            if received == 0 {
-                if self.bytes.len() == self.start {
-                    return Ok(None);
+    fn new(socket: RawFd) -> Input {
+        Input {
+            socket,
+            buf: Some(IoBuf::heap(RECEIVE_BYTES_MIN)),
+            start: 0,
+        }
+    }
+
+    fn buf(&self) -> &IoBuf {
+        self.buf
+            .as_ref()
+            .expect("the input buffer is back from its receive")
+    }
+
+    fn buffered(&self) -> usize {
+        self.buf().len() - self.start
+    }
+
+    /// Wait until at least `count` bytes are buffered. Ok(false) when the peer closed the
+    /// connection cleanly with nothing buffered.
+    async fn fill(&mut self, count: usize) -> io::Result<bool> {
+        while self.buffered() < count {
+            let mut buf = self
+                .buf
+                .take()
+                .expect("the input buffer is back from its receive");
+            let buffered = buf.len() - self.start;
+            if buffered == 0 {
+                // Everything was used: start again at the front, and give a large frame's
+                // memory back.
+                self.start = 0;
+                buf.set_len(0);
+                if buf.capacity() > RECEIVE_BYTES {
+                    buf = IoBuf::heap(RECEIVE_BYTES_MIN);
                 }
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the peer closed the connection mid-frame",
-                ));
             }
-            if self.start > 0 && self.start * 2 >= self.bytes.len() {
-                self.bytes.drain(..self.start);
+            // Room for the whole of `count` from `start`: move the buffered bytes to the front
+            // when the room behind them is short, or into a larger buffer.
+            let capacity = count.max(RECEIVE_BYTES_MIN);
+            if buf.capacity() < capacity {
+                let mut larger = IoBuf::heap(capacity);
+                larger.set_len(buffered);
+                larger
+                    .as_mut_slice()
+                    .copy_from_slice(&buf.as_slice()[self.start..]);
+                buf = larger;
+                self.start = 0;
+            } else if buf.capacity() - self.start < count {
+                let end = buf.len();
+                buf.set_len(buf.capacity());
+                buf.as_mut_slice().copy_within(self.start..end, 0);
+                buf.set_len(buffered);
                 self.start = 0;
             }
-            self.bytes.extend_from_slice(buf.as_slice());
-            self.receive = Some(buf);
-        }
-        let taken = self.bytes[self.start..self.start + count].to_vec();
-        self.start += count;
-        if self.start == self.bytes.len() {
-            self.bytes.clear();
-            self.start = 0;
-            if self.bytes.capacity() > RECEIVE_BYTES {
-                self.bytes = Vec::new(); // give a large frame's memory back
+            // With nothing buffered, the peer is most likely still waiting for an answer.
+            let (received, buf) = net::recv(self.socket, buf, buffered == 0).await;
+            self.buf = Some(buf);
+            match received? {
+                0 if buffered == 0 => return Ok(false),
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection mid-frame",
+                    ))
+                }
+                _ => {}
             }
         }
-        Ok(Some(taken))
+        Ok(true)
+    }
+
+    /// The next `count` bytes, already buffered (see `fill`), consumed: they stay where they
+    /// lie until the next `fill`.
+    fn take_filled(&mut self, count: usize) -> &[u8] {
+        assert!(
+            self.buffered() >= count,
+            "more bytes taken than were filled"
+        );
+        let start = self.start;
+        self.start += count;
+        &self.buf().as_slice()[start..start + count]
+    }
+
+    /// The next `count` bytes, waited for (an error if the peer closes before them).
+    async fn take(&mut self, count: usize) -> Result<&[u8], String> {
+        match self.fill(count).await {
+            Ok(true) => Ok(self.take_filled(count)),
+            Ok(false) => Err("the peer closed the connection mid-frame".into()),
+            Err(error) => Err(error.to_string()),
+        }
     }
 }
 
@@ -482,12 +533,7 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
     spawn(watch_deadlines(connection.clone(), fd));
-    let mut input = Input {
-        socket: fd,
-        bytes: Vec::new(),
-        start: 0,
-        receive: None,
-    };
+    let mut input = Input::new(fd);
     if let Err(error) = read_loop(&connection, &mut input, &in_flight).await {
         log::debug!("connection closed: {error}");
     }
@@ -568,14 +614,18 @@ async fn read_loop(
         while connection.outbox_bytes.get() > OUTBOX_BYTES_MAX {
             connection.outbox_changed.wait().await;
         }
-        let Some(header_bytes) = input
-            .take(FRAME_HEADER_BYTES)
+        if !input
+            .fill(FRAME_HEADER_BYTES)
             .await
             .map_err(|error| error.to_string())?
-        else {
+        {
             return Ok(());
-        };
-        connection.last_activity.set(Instant::now());
+        }
+        connection.last_activity.set(time::now_coarse());
+        let header_bytes: [u8; FRAME_HEADER_BYTES] = input
+            .take_filled(FRAME_HEADER_BYTES)
+            .try_into()
+            .expect("a header's bytes");
         let header = match FrameHeader::decode(&header_bytes, &connection.limits.get()) {
             Ok(header) => header,
             Err(error) => {
@@ -583,10 +633,15 @@ async fn read_loop(
                 continue;
             }
         };
-        let extension = take_all(input, header.extension_len as usize).await?;
-        let payload = take_all(input, header.payload_len as usize).await?;
+        // The body is used where it was received (the decoder checked its lengths against the
+        // limits); it stays there until the next frame is read.
+        let extension_len = header.extension_len as usize;
+        let body = input
+            .take(extension_len + header.payload_len as usize)
+            .await?;
+        let (extension, payload) = body.split_at(extension_len);
         let mut refusal: Option<(Status, String)> = None;
-        if let Err(error) = header.check_body(&extension, &payload) {
+        if let Err(error) = header.check_body(extension, payload) {
             refusal = Some((Status::for_error(&error), error.to_string()));
         } else if header.opcode != Opcode::Hello && !connection.greeted.get() {
             frames_before_hello += 1;
@@ -600,30 +655,41 @@ async fn read_loop(
                 "only PUT may stream over several frames".into(),
             ));
         }
-        // A streamed request is read to its last frame even when refused, so that one request
-        // gets one answer and the stream stays in step.
-        let (header, payload) = if header.flags.contains(FrameFlags::MORE) {
-            match gather_stream(connection, input, header, &extension, payload, refusal).await? {
-                Some(gathered) => gathered,
-                None => continue,
+        if header.flags.contains(FrameFlags::MORE) {
+            // A streamed request is read to its last frame even when refused, so that one
+            // request gets one answer and the stream stays in step.
+            let extension = extension.to_vec();
+            let payload = payload.to_vec();
+            let gathered =
+                gather_stream(connection, input, header, &extension, payload, refusal).await?;
+            if let Some((header, payload)) = gathered {
+                let permit = in_flight.acquire_owned().await;
+                spawn(request(
+                    connection.clone(),
+                    header,
+                    extension,
+                    payload,
+                    permit,
+                ));
             }
-        } else if let Some((status, message)) = refusal {
+            continue;
+        }
+        if let Some((status, message)) = refusal {
             connection.answer(&header, status, &[], message.as_bytes());
             continue;
-        } else {
-            (header, payload)
-        };
+        }
         if header.opcode == Opcode::Hello {
-            if !hello(connection, &header, &extension) {
+            if !hello(connection, &header, extension) {
                 return Err("closing the connection after a wrong token proof".into());
             }
             continue;
         }
         if header.opcode == Opcode::Get
-            && answer_from_memory(connection, &header, &extension, payload.len())
+            && answer_from_memory(connection, &header, extension, payload.len())
         {
             continue;
         }
+        let (extension, payload) = (extension.to_vec(), payload.to_vec());
         let permit = in_flight.acquire_owned().await;
         spawn(request(
             connection.clone(),
@@ -660,14 +726,15 @@ async fn gather_stream(
         payload = Vec::new();
     }
     loop {
-        let Some(header_bytes) = input
-            .take(FRAME_HEADER_BYTES)
+        if !input
+            .fill(FRAME_HEADER_BYTES)
             .await
             .map_err(|error| error.to_string())?
-        else {
+        {
             return Err("the peer closed the connection inside a streamed PUT".into());
-        };
-        let part = FrameHeader::decode(&header_bytes, &connection.limits.get())
+        }
+        let header_bytes = input.take_filled(FRAME_HEADER_BYTES);
+        let part = FrameHeader::decode(header_bytes, &connection.limits.get())
             .map_err(|error| format!("closing the connection: {error}"))?;
         if part.request_id != first.request_id
             || part.opcode != Opcode::Put
@@ -677,15 +744,15 @@ async fn gather_stream(
                 "closing the connection: a streamed PUT's frames must follow each other".into(),
             );
         }
-        let data = take_all(input, part.payload_len as usize).await?;
-        let crc = payload_crc(&data);
+        let data = input.take(part.payload_len as usize).await?;
+        let crc = payload_crc(data);
         if refused.is_none() {
             if let Err(error) = part.check_payload_crc(crc) {
                 refused = Some((Status::ChecksumMismatch, error.to_string()));
             } else if (payload.len() + data.len()) as u64 > object_bytes {
                 refused = Some((Status::BadRequest, "more bytes than object_bytes".into()));
             } else {
-                payload.extend_from_slice(&data);
+                payload.extend_from_slice(data);
             }
         }
         if !part.flags.contains(FrameFlags::MORE) {
@@ -700,17 +767,6 @@ async fn gather_stream(
     header.flags = FrameFlags::empty();
     header.payload_len = payload.len() as u64;
     Ok(Some((header, payload)))
-}
-
-async fn take_all(input: &mut Input, count: usize) -> Result<Vec<u8>, String> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    match input.take(count).await {
-        Ok(Some(bytes)) => Ok(bytes),
-        Ok(None) => Err("the peer closed the connection mid-frame".into()),
-        Err(error) => Err(error.to_string()),
-    }
 }
 
 /// A header that did not decode. If its checksum holds (an unknown opcode, say), answer it,
@@ -735,8 +791,9 @@ async fn refuse_header(
     }
     match salvaged {
         Some((_, extension_len, payload_len)) if !error.is_fatal_to_connection() => {
-            take_all(input, extension_len as usize).await?;
-            take_all(input, payload_len as usize).await?;
+            input
+                .take(extension_len as usize + payload_len as usize)
+                .await?;
             Ok(())
         }
         _ => Err(format!("closing the connection: {error}")),
@@ -810,11 +867,12 @@ fn answer_from_memory(
     extension: &[u8],
     payload_bytes_in: usize,
 ) -> bool {
-    let started = Instant::now();
-    let Ok(request) = GetRequest::decode(extension) else {
+    // From the turn that received the frame: no clock read here.
+    let started = time::now_coarse();
+    let Ok(request) = GetRequestRef::decode(extension) else {
         return false;
     };
-    let Ok(key) = object_key(&request.name) else {
+    let Ok(key) = ObjectKey::new(request.name.bucket, request.name.key) else {
         return false;
     };
     let cache = &connection.store;
@@ -843,7 +901,7 @@ fn answer_from_memory(
         body: Body::Read(read.data),
         _reservation: Some(reservation),
     };
-    let extension_out = info.encode();
+    let extension_out = info.to_bytes();
     connection.answer_held(header, Status::Ok, &extension_out, Some(Rc::new(held)));
     let bytes_in = FRAME_HEADER_BYTES + extension.len() + payload_bytes_in;
     let bytes_out = FRAME_HEADER_BYTES + extension_out.len() + payload_bytes;
@@ -859,7 +917,7 @@ async fn request(
     payload: Vec<u8>,
     permit: OwnedPermit,
 ) {
-    let started = std::time::Instant::now();
+    let started = time::now_coarse();
     let bytes_in = FRAME_HEADER_BYTES + extension.len() + payload.len();
     if header.opcode == Opcode::BatchGet {
         let ok = batch_get(&connection, &header, &extension).await;
@@ -1363,7 +1421,7 @@ async fn write_loop(connection: Rc<Connection>, socket: RawFd) {
             // connection.
             frames = Vec::new();
         }
-        connection.last_activity.set(Instant::now());
+        connection.last_activity.set(time::now_coarse());
         connection
             .outbox_bytes
             .set(connection.outbox_bytes.get() - total);

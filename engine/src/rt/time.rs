@@ -7,6 +7,25 @@ use std::time::{Duration, Instant};
 
 use super::executor::with_reactor;
 
+thread_local! {
+    /// When this shard's reactor last came back from the ring.
+    static TURN_TIME: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// The time the reactor last came back from waiting on the ring: what a task woken by that
+/// turn sees as "now" to within the turn's work, without reading the clock. Off a shard thread
+/// (or before the first turn), the clock's time.
+pub fn now_coarse() -> Instant {
+    TURN_TIME
+        .with(std::cell::Cell::get)
+        .unwrap_or_else(Instant::now)
+}
+
+/// Record the time a turn came back from the ring (the reactor, once per turn).
+pub(crate) fn set_turn_time(now: Instant) {
+    TURN_TIME.with(|time| time.set(Some(now)));
+}
+
 /// Completes once `duration` has passed. Only on a shard thread.
 pub fn sleep(duration: Duration) -> Sleep {
     Sleep {
