@@ -300,13 +300,13 @@ impl HeldBytes {
 /// One answer frame waiting to be sent: its header and extension, then its payload where it
 /// lies.
 struct OutFrame {
-    head: Vec<u8>,
+    head: Head,
     payload: Option<(Rc<HeldBytes>, std::ops::Range<usize>)>,
 }
 
 impl OutFrame {
     fn len(&self) -> usize {
-        self.head.len() + self.payload.as_ref().map_or(0, |(_, range)| range.len())
+        self.head.as_slice().len() + self.payload.as_ref().map_or(0, |(_, range)| range.len())
     }
 
     fn slice_count(&self) -> usize {
@@ -324,7 +324,8 @@ struct SendBatch {
 }
 
 // SAFETY: every slice lies on the heap, owned or shared by a frame of the batch and never
-// changed while it is held: a head is a Vec, payloads are Vecs, the DRAM tier's Rc<[u8]> (never
+// changed while it is held: a head lies in its frame, inside the batch's Vec (whose buffer
+// neither moves nor changes while the batch is held), or in a Vec of its own; payloads are Vecs, the DRAM tier's Rc<[u8]> (never
 // written after it is filled) or the shard's read buffers (owned by the ReadData).
 unsafe impl SendParts for SendBatch {
     fn for_each_part(&self, visit: &mut dyn FnMut(&[u8])) {
@@ -389,15 +390,47 @@ impl Connection {
     }
 }
 
+/// Bytes of header and extension a frame holds in itself (GET's answer: 48 + 25); a longer
+/// head (HELLO's answer, say) has a Vec of its own.
+const HEAD_INLINE_BYTES: usize = 80;
+
+/// A frame's header and extension, as sent.
+enum Head {
+    Inline([u8; HEAD_INLINE_BYTES], u8),
+    Heap(Vec<u8>),
+}
+
+impl Head {
+    fn new(header: &FrameHeader, extension: &[u8]) -> Head {
+        let len = FRAME_HEADER_BYTES + extension.len();
+        if len <= HEAD_INLINE_BYTES {
+            let mut bytes = [0u8; HEAD_INLINE_BYTES];
+            bytes[..FRAME_HEADER_BYTES].copy_from_slice(&header.encode());
+            bytes[FRAME_HEADER_BYTES..len].copy_from_slice(extension);
+            Head::Inline(bytes, len as u8)
+        } else {
+            let mut bytes = Vec::with_capacity(len);
+            bytes.extend_from_slice(&header.encode());
+            bytes.extend_from_slice(extension);
+            Head::Heap(bytes)
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Head::Inline(bytes, len) => &bytes[..usize::from(*len)],
+            Head::Heap(bytes) => bytes,
+        }
+    }
+}
+
 fn out_frame(
     header: &FrameHeader,
     extension: &[u8],
     payload: Option<Rc<HeldBytes>>,
     range: std::ops::Range<usize>,
 ) -> OutFrame {
-    let mut head = Vec::with_capacity(FRAME_HEADER_BYTES + extension.len());
-    head.extend_from_slice(&header.encode());
-    head.extend_from_slice(extension);
+    let head = Head::new(header, extension);
     OutFrame {
         head,
         payload: payload

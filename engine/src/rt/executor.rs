@@ -44,11 +44,9 @@ impl Wake for TaskWaker {
         let home = Arc::as_ptr(&self.home);
         let on_home_thread = CURRENT_HOME.with(|current| current.get() == home);
         if on_home_thread {
-            CURRENT.with(|current| {
-                if let Some(executor) = current.borrow().as_ref() {
-                    executor.ready.borrow_mut().push_back(self.id);
-                }
-            });
+            if let Some(executor) = current_executor() {
+                executor.ready.borrow_mut().push_back(self.id);
+            }
         } else if self.home.queue.send(self.id).is_ok() {
             self.home.remote.notify();
         }
@@ -73,18 +71,25 @@ pub(crate) struct Executor {
 thread_local! {
     static CURRENT: RefCell<Option<Rc<Executor>>> = const { RefCell::new(None) };
     static CURRENT_HOME: Cell<*const Home> = const { Cell::new(std::ptr::null()) };
+    /// The executor `CURRENT` holds, for the hot paths (an operation's poll, a wake-up): read
+    /// without borrowing a RefCell. Set and cleared by `run` with `CURRENT`.
+    static CURRENT_EXECUTOR: Cell<*const Executor> = const { Cell::new(std::ptr::null()) };
+}
+
+/// This thread's executor, if it is a shard thread.
+fn current_executor<'a>() -> Option<&'a Executor> {
+    let executor = CURRENT_EXECUTOR.with(Cell::get);
+    // SAFETY: `run` sets the pointer from the executor it keeps alive (through `CURRENT` and
+    // its own handle) and clears it before letting go; the reference is used within the caller's
+    // call, never kept past `run`.
+    unsafe { executor.as_ref() }
 }
 
 /// Run `f` with this thread's reactor. Panics outside a shard thread: I/O futures only run on
 /// the shard that owns the ring.
 pub(crate) fn with_reactor<R>(f: impl FnOnce(&Reactor) -> R) -> R {
-    CURRENT.with(|current| {
-        let current = current.borrow();
-        let executor = current
-            .as_ref()
-            .expect("hydrant I/O used outside a shard thread");
-        f(&executor.reactor)
-    })
+    let executor = current_executor().expect("hydrant I/O used outside a shard thread");
+    f(&executor.reactor)
 }
 
 /// The reactor of this shard thread, for callers that keep it (registration at start-up).
@@ -186,13 +191,9 @@ where
             waker.wake();
         }
     };
-    CURRENT.with(|current| {
-        current
-            .borrow()
-            .as_ref()
-            .expect("spawn outside a shard thread")
-            .spawn_boxed(Box::pin(task));
-    });
+    current_executor()
+        .expect("spawn outside a shard thread")
+        .spawn_boxed(Box::pin(task));
     JoinHandle { state }
 }
 
@@ -250,6 +251,7 @@ where
     });
     CURRENT.with(|current| *current.borrow_mut() = Some(executor.clone()));
     CURRENT_HOME.with(|home| home.set(Arc::as_ptr(&executor.home)));
+    CURRENT_EXECUTOR.with(|current| current.set(Rc::as_ptr(&executor)));
 
     let finished = Rc::new(Cell::new(false));
     let finished_flag = finished.clone();
@@ -275,6 +277,7 @@ where
     drop(tasks);
     executor.reactor.drain();
     CURRENT_HOME.with(|home| home.set(std::ptr::null()));
+    CURRENT_EXECUTOR.with(|current| current.set(std::ptr::null()));
     CURRENT.with(|current| *current.borrow_mut() = None);
 }
 

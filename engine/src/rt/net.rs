@@ -214,15 +214,57 @@ pub const SEND_PARTS_MAX: usize = 1024;
 /// header that points at the iovecs, all in one heap allocation.
 struct GatheredSend<T> {
     parts: T,
-    iovecs: Vec<libc::iovec>,
+    iovecs: Iovecs,
     message: libc::msghdr,
+}
+
+/// Slices a gathered send holds inside its own allocation; more go to a vector.
+const IOVECS_INLINE: usize = 8;
+
+/// The iovecs of a gathered send: a small answer's (a header and a payload or two) need no
+/// allocation of their own.
+enum Iovecs {
+    Inline([libc::iovec; IOVECS_INLINE], usize),
+    Heap(Vec<libc::iovec>),
+}
+
+impl Iovecs {
+    fn new() -> Iovecs {
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        Iovecs::Inline([empty; IOVECS_INLINE], 0)
+    }
+
+    fn push(&mut self, iovec: libc::iovec) {
+        match self {
+            Iovecs::Inline(inline, len) if *len < IOVECS_INLINE => {
+                inline[*len] = iovec;
+                *len += 1;
+            }
+            Iovecs::Inline(inline, len) => {
+                let mut heap = inline[..*len].to_vec();
+                heap.push(iovec);
+                *self = Iovecs::Heap(heap);
+            }
+            Iovecs::Heap(heap) => heap.push(iovec),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [libc::iovec] {
+        match self {
+            Iovecs::Inline(inline, len) => &mut inline[..*len],
+            Iovecs::Heap(heap) => heap,
+        }
+    }
 }
 
 /// Send every byte of `parts` with as few `sendmsg` calls as the kernel allows (looping over
 /// partial sends), at most `SEND_PARTS_MAX` slices per `sendmsg` (the kernel's IOV_MAX). The
 /// parts come back with the result.
 pub async fn send_parts<T: SendParts>(socket: RawFd, parts: T) -> (io::Result<()>, T) {
-    let mut iovecs = Vec::new();
+    let mut iovecs = Iovecs::new();
     parts.for_each_part(&mut |part| {
         if !part.is_empty() {
             iovecs.push(libc::iovec {
@@ -239,10 +281,11 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: T) -> (io::Result<()
         message,
     });
     let mut first = 0;
-    while first < gathered.iovecs.len() {
+    while first < gathered.iovecs.as_mut_slice().len() {
         let send = &mut *gathered;
-        send.message.msg_iov = send.iovecs[first..].as_mut_ptr();
-        send.message.msg_iovlen = (send.iovecs.len() - first).min(SEND_PARTS_MAX);
+        let iovecs = &mut send.iovecs.as_mut_slice()[first..];
+        send.message.msg_iovlen = iovecs.len().min(SEND_PARTS_MAX);
+        send.message.msg_iov = iovecs.as_mut_ptr();
         let entry = opcode::SendMsg::new(types::Fd(socket), &send.message)
             .flags(libc::MSG_NOSIGNAL as u32)
             .build();
@@ -266,7 +309,7 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: T) -> (io::Result<()
         };
         // Skip what went out; a partly sent slice continues where it stopped.
         while sent > 0 {
-            let iovec = &mut gathered.iovecs[first];
+            let iovec = &mut gathered.iovecs.as_mut_slice()[first];
             if sent >= iovec.iov_len {
                 sent -= iovec.iov_len;
                 first += 1;
