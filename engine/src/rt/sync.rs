@@ -6,6 +6,9 @@ use std::future::{poll_fn, Future};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+/// Most waiters whose list a `WaitQueue` keeps allocated once they are woken.
+const WAITERS_KEPT_MAX: usize = 16;
+
 /// Tasks waiting for a condition that another task will announce with [`WaitQueue::wake_all`].
 #[derive(Default)]
 pub struct WaitQueue {
@@ -32,9 +35,19 @@ impl WaitQueue {
     }
 
     pub fn wake_all(&self) {
-        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
-        for waiter in waiters {
+        let mut waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        if waiters.is_empty() {
+            *self.waiters.borrow_mut() = waiters;
+            return;
+        }
+        for waiter in waiters.drain(..) {
             waiter.wake();
+        }
+        // Keep the list's memory for the next waiters (a queue waited on in a loop would
+        // otherwise allocate on every wait), unless a crowd once made it large.
+        let mut current = self.waiters.borrow_mut();
+        if current.is_empty() && waiters.capacity() <= WAITERS_KEPT_MAX {
+            *current = waiters;
         }
     }
 
