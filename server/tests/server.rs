@@ -283,6 +283,134 @@ fn pipelined_requests_are_all_answered() {
     assert_eq!(answered.len(), count as usize);
 }
 
+/// The frames of `requests` (opcode, request id, extension, payload), one after another.
+fn frames(requests: &[(Opcode, u64, Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (opcode, request_id, extension, payload) in requests {
+        let crc = if payload.is_empty() {
+            0
+        } else {
+            crc32c::crc32c(payload)
+        };
+        let header = FrameHeader::new(*opcode, *request_id, extension, payload.len() as u64, crc);
+        bytes.extend_from_slice(&header.encode());
+        bytes.extend_from_slice(extension);
+        bytes.extend_from_slice(payload);
+    }
+    bytes
+}
+
+/// Write `bytes` in pieces of the given sizes (cycled), pausing between them so that they
+/// arrive apart.
+fn write_in_pieces(stream: &mut TcpStream, bytes: &[u8], sizes: &[usize]) {
+    let mut offset = 0;
+    for size in sizes.iter().cycle() {
+        if offset == bytes.len() {
+            return;
+        }
+        let end = (offset + size).min(bytes.len());
+        stream.write_all(&bytes[offset..end]).unwrap();
+        stream.flush().unwrap();
+        offset = end;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn frames_split_anywhere_or_packed_together_are_read_alike() {
+    let server = ServerProcess::start("split-frames");
+    // A small object, one larger than the server's receive buffer (so that it grows while a
+    // frame before it is still buffered), and a small one behind it.
+    let objects = [
+        ("s1", pattern(1, 100)),
+        ("large", pattern(2, 300 * 1024 + 1)),
+        ("s2", pattern(3, 5)),
+    ];
+    for (round, sizes) in [&[][..], &[1, 47, 3, 4096, 65_537, 300_000][..]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut stream = server.connect();
+        stream.set_nodelay(true).unwrap();
+        hello(&mut stream);
+        let write = |stream: &mut TcpStream, bytes: &[u8]| {
+            if sizes.is_empty() {
+                stream.write_all(bytes).unwrap();
+            } else {
+                write_in_pieces(stream, bytes, sizes);
+            }
+        };
+        let base = 100 * (round as u64 + 1);
+        let puts: Vec<_> = objects
+            .iter()
+            .enumerate()
+            .map(|(index, (key, data))| {
+                let put = PutRequest {
+                    name: name(&format!("{key}-{round}")),
+                    object_bytes: data.len() as u64,
+                };
+                (Opcode::Put, base + index as u64, put.encode(), data.clone())
+            })
+            .collect();
+        write(&mut stream, &frames(&puts));
+        for _ in &objects {
+            let response = receive(&mut stream);
+            assert_eq!(status(&response), Status::Ok, "round {round}: put answered");
+        }
+        let gets: Vec<_> = objects
+            .iter()
+            .enumerate()
+            .map(|(index, (key, _))| {
+                let get = GetRequest {
+                    name: name(&format!("{key}-{round}")),
+                    range_start: 0,
+                    range_end: None,
+                };
+                (
+                    Opcode::Get,
+                    base + 10 + index as u64,
+                    get.encode(),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        write(&mut stream, &frames(&gets));
+        let mut answers = std::collections::HashMap::new();
+        for _ in &objects {
+            let response = receive(&mut stream);
+            assert_eq!(status(&response), Status::Ok, "round {round}: get answered");
+            answers.insert(response.header.request_id, response.payload);
+        }
+        for (index, (key, data)) in objects.iter().enumerate() {
+            assert!(
+                answers.get(&(base + 10 + index as u64)) == Some(data),
+                "round {round}: {key} read back as written"
+            );
+        }
+        // Many small frames at once: one straddles the end of the receive buffer, whose
+        // bytes move to its front to make room.
+        let pings: Vec<_> = (0..200)
+            .map(|index| (Opcode::Ping, base + 1000 + index, Vec::new(), Vec::new()))
+            .collect();
+        write(&mut stream, &frames(&pings));
+        let mut answered = std::collections::HashSet::new();
+        for _ in &pings {
+            let response = receive(&mut stream);
+            assert_eq!(
+                status(&response),
+                Status::Ok,
+                "round {round}: ping answered"
+            );
+            answered.insert(response.header.request_id);
+        }
+        assert_eq!(
+            answered.len(),
+            pings.len(),
+            "round {round}: every ping answered"
+        );
+    }
+}
+
 #[test]
 fn malformed_frames_get_a_status_or_a_clean_close() {
     let server = ServerProcess::start("malformed");
