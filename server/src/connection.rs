@@ -33,8 +33,8 @@ use hydrant_proto::{
 /// Objects one PREFETCH reads from the origin at once.
 const PREFETCH_READS_IN_FLIGHT: usize = 16;
 
-/// Bytes asked of the kernel per receive: at least the first (so that an idle connection costs
-/// little), at most the second.
+/// A connection's receive buffer: the first while frames are small (so that an idle connection
+/// costs little); a buffer grown above the second for a large frame is given back once used.
 const RECEIVE_BYTES_MIN: usize = 4 * 1024;
 const RECEIVE_BYTES: usize = 256 * 1024;
 /// Most bytes of queued answers gathered into one send (one answer larger than this goes alone).
@@ -325,8 +325,9 @@ struct SendBatch {
 
 // SAFETY: every slice lies on the heap, owned or shared by a frame of the batch and never
 // changed while it is held: a head lies in its frame, inside the batch's Vec (whose buffer
-// neither moves nor changes while the batch is held), or in a Vec of its own; payloads are Vecs, the DRAM tier's Rc<[u8]> (never
-// written after it is filled) or the shard's read buffers (owned by the ReadData).
+// neither moves nor changes while the batch is held), or in a Vec of its own; payloads are
+// Vecs, the DRAM tier's Rc<[u8]> (never written after it is filled) or the shard's read buffers
+// (owned by the ReadData).
 unsafe impl SendParts for SendBatch {
     fn for_each_part(&self, visit: &mut dyn FnMut(&[u8])) {
         for frame in &self.frames {
@@ -688,41 +689,33 @@ async fn read_loop(
                 "only PUT may stream over several frames".into(),
             ));
         }
-        if header.flags.contains(FrameFlags::MORE) {
+        let (header, extension, payload) = if header.flags.contains(FrameFlags::MORE) {
             // A streamed request is read to its last frame even when refused, so that one
             // request gets one answer and the stream stays in step.
             let extension = extension.to_vec();
             let payload = payload.to_vec();
-            let gathered =
-                gather_stream(connection, input, header, &extension, payload, refusal).await?;
-            if let Some((header, payload)) = gathered {
-                let permit = in_flight.acquire_owned().await;
-                spawn(request(
-                    connection.clone(),
-                    header,
-                    extension,
-                    payload,
-                    permit,
-                ));
+            match gather_stream(connection, input, header, &extension, payload, refusal).await? {
+                Some((header, payload)) => (header, extension, payload),
+                None => continue,
             }
-            continue;
-        }
-        if let Some((status, message)) = refusal {
-            connection.answer(&header, status, &[], message.as_bytes());
-            continue;
-        }
-        if header.opcode == Opcode::Hello {
-            if !hello(connection, &header, extension) {
-                return Err("closing the connection after a wrong token proof".into());
+        } else {
+            if let Some((status, message)) = refusal {
+                connection.answer(&header, status, &[], message.as_bytes());
+                continue;
             }
-            continue;
-        }
-        if header.opcode == Opcode::Get
-            && answer_from_memory(connection, &header, extension, payload.len())
-        {
-            continue;
-        }
-        let (extension, payload) = (extension.to_vec(), payload.to_vec());
+            if header.opcode == Opcode::Hello {
+                if !hello(connection, &header, extension) {
+                    return Err("closing the connection after a wrong token proof".into());
+                }
+                continue;
+            }
+            if header.opcode == Opcode::Get
+                && answer_from_memory(connection, &header, extension, payload.len())
+            {
+                continue;
+            }
+            (header, extension.to_vec(), payload.to_vec())
+        };
         let permit = in_flight.acquire_owned().await;
         spawn(request(
             connection.clone(),

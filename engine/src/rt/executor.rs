@@ -279,6 +279,7 @@ where
     CURRENT_HOME.with(|home| home.set(std::ptr::null()));
     CURRENT_EXECUTOR.with(|current| current.set(std::ptr::null()));
     CURRENT.with(|current| *current.borrow_mut() = None);
+    super::time::set_turn_time(None);
 }
 
 struct ThreadWaker {

@@ -689,7 +689,7 @@ impl Reactor {
 
     fn fire_timers(&self) {
         let now = Instant::now();
-        super::time::set_turn_time(now);
+        super::time::set_turn_time(Some(now));
         loop {
             let due = {
                 let mut timers = self.timers.borrow_mut();

@@ -21,9 +21,10 @@ pub fn now_coarse() -> Instant {
         .unwrap_or_else(Instant::now)
 }
 
-/// Record the time a turn came back from the ring (the reactor, once per turn).
-pub(crate) fn set_turn_time(now: Instant) {
-    TURN_TIME.with(|time| time.set(Some(now)));
+/// Record the time a turn came back from the ring (the reactor, once per turn; `None` when the
+/// executor stops, so that nothing later on this thread sees its last turn).
+pub(crate) fn set_turn_time(now: Option<Instant>) {
+    TURN_TIME.with(|time| time.set(now));
 }
 
 /// Completes once `duration` has passed. Only on a shard thread.
