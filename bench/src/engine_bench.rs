@@ -349,6 +349,7 @@ pub fn index_memory(args: IndexMemoryArgs) -> Result<(), String> {
     // Warm up the shard's allocations (task slots, channels) before counting.
     block_on(engine.put("warm", "up", vec![1; 16])).map_err(engine_error)?;
     block_on(engine.delete("warm", "up")).map_err(engine_error)?;
+    crate::alloc_counter::start_counting();
     let before = crate::alloc_counter::live_bytes();
     block_on(engine.on_shard(0, move |store| {
         fill_shard(store.store().clone(), objects, dataset_object_key, |_| {
