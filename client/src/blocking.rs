@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hydrant_proto::message::{
-    BatchGetRequest, FlushRequest, GetRequest, ListEntries, ListEntry, ListRequest, Message,
-    ObjectInfo, ObjectName, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
+    BatchGetRequest, FlushRequest, GetRequest, GetRequestRef, ListEntries, ListEntry, ListRequest,
+    Message, ObjectInfo, ObjectName, ObjectNameRef, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{Limits, Opcode};
 
@@ -253,12 +253,18 @@ impl SharedClient {
         range: Option<(u64, Option<u64>)>,
         buffer: &mut [u8],
     ) -> Result<(ObjectInfo, usize)> {
-        let request = get_request(bucket, key, range);
-        let extension = request.encode();
+        let (range_start, range_end) = range.unwrap_or((0, None));
+        // Encoded from the caller's strings, without copying them into a request first.
+        let extension = GetRequestRef {
+            name: ObjectNameRef { bucket, key },
+            range_start,
+            range_end,
+        }
+        .encode();
         self.on_owner(bucket, key, |connection| {
             connection.get(
                 &extension,
-                request.range_end,
+                range_end,
                 Destination::Fixed(&mut *buffer),
                 None,
             )

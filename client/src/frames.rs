@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use hydrant_proto::message::{HelloRequest, Message, ObjectInfo};
-use hydrant_proto::{payload_crc, FrameFlags, FrameHeader, Limits, Opcode};
+use hydrant_proto::{payload_crc, FrameFlags, FrameHeader, Limits, Opcode, FRAME_HEADER_BYTES};
 
 /// One answer frame, read whole.
 pub(crate) struct Frame {
@@ -64,7 +64,8 @@ pub(crate) fn request_frames(
             if index + 1 < parts {
                 header.flags = header.flags.with(FrameFlags::MORE);
             }
-            let mut head = header.encode().to_vec();
+            let mut head = Vec::with_capacity(FRAME_HEADER_BYTES + part_extension.len());
+            head.extend_from_slice(&header.encode());
             head.extend_from_slice(part_extension);
             RequestFrame {
                 head,

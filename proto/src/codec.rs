@@ -3,10 +3,20 @@
 
 use crate::ProtoError;
 
+/// Bytes a writer has room for before it grows: most extensions (a name and a few numbers) fit.
+const WRITER_BYTES_INITIAL: usize = 128;
+
 /// Builds an extension.
-#[derive(Default)]
 pub struct Writer {
     bytes: Vec<u8>,
+}
+
+impl Default for Writer {
+    fn default() -> Writer {
+        Writer {
+            bytes: Vec::with_capacity(WRITER_BYTES_INITIAL),
+        }
+    }
 }
 
 impl Writer {

@@ -175,10 +175,18 @@ fn check_bucket(bucket: &str) -> Result<(), ProtoError> {
     }
 }
 
+impl ObjectName {
+    pub fn as_ref(&self) -> ObjectNameRef<'_> {
+        ObjectNameRef {
+            bucket: &self.bucket,
+            key: &self.key,
+        }
+    }
+}
+
 impl Message for ObjectName {
     fn encode_into(&self, writer: &mut Writer) {
-        writer.bytes16(self.bucket.as_bytes());
-        writer.bytes16(self.key.as_bytes());
+        self.as_ref().encode_into(writer);
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -194,6 +202,11 @@ pub struct ObjectNameRef<'a> {
 }
 
 impl<'a> ObjectNameRef<'a> {
+    pub fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.key.as_bytes());
+    }
+
     pub fn decode_from(reader: &mut Reader<'a>) -> Result<Self, ProtoError> {
         let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
         check_bucket(bucket)?;
@@ -222,9 +235,12 @@ pub struct GetRequest {
 
 impl Message for GetRequest {
     fn encode_into(&self, writer: &mut Writer) {
-        self.name.encode_into(writer);
-        writer.u64(self.range_start);
-        writer.u64(self.range_end.unwrap_or(u64::MAX));
+        GetRequestRef {
+            name: self.name.as_ref(),
+            range_start: self.range_start,
+            range_end: self.range_end,
+        }
+        .encode_into(writer);
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -247,6 +263,19 @@ pub struct GetRequestRef<'a> {
 }
 
 impl<'a> GetRequestRef<'a> {
+    pub fn encode_into(&self, writer: &mut Writer) {
+        self.name.encode_into(writer);
+        writer.u64(self.range_start);
+        writer.u64(self.range_end.unwrap_or(u64::MAX));
+    }
+
+    /// The encoding, as `Message::encode` gives it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        self.encode_into(&mut writer);
+        writer.finish()
+    }
+
     /// Decode exactly `bytes`, as `Message::decode` does.
     pub fn decode(bytes: &'a [u8]) -> Result<Self, ProtoError> {
         let mut reader = Reader::new(bytes);
@@ -617,6 +646,7 @@ mod tests {
             ),
             (get.name.clone(), 10, Some(20))
         );
+        assert_eq!(GetRequest::decode(&borrowed.encode()), Ok(get.clone()));
         assert_eq!(GetRequest::decode(&whole.encode()), Ok(whole));
         let info = ObjectInfo {
             object_bytes: 100,
