@@ -21,6 +21,9 @@ fn score(node: &str, bucket: &str, key: &str) -> u64 {
 
 /// The node (index into `nodes`) that owns (bucket, key): the highest rendezvous score.
 pub fn node_for(nodes: &[String], bucket: &str, key: &str) -> usize {
+    if nodes.len() == 1 {
+        return 0; // the one node wins every key: no scores to compute
+    }
     (0..nodes.len())
         .max_by_key(|&index| score(&nodes[index], bucket, key))
         .expect("at least one node")
