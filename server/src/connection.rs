@@ -487,9 +487,13 @@ impl Input {
                     buf = IoBuf::heap(RECEIVE_BYTES_MIN);
                 }
             }
-            // Room for the whole of `count` from `start`: move the buffered bytes to the front
-            // when the room behind them is short, or into a larger buffer.
-            let capacity = count.max(RECEIVE_BYTES_MIN);
+            // Room for the rest of `count`: a larger buffer when this one cannot hold the whole
+            // of it, grown with what arrives (by at most RECEIVE_BYTES past the bytes buffered,
+            // or to twice its size), so that a frame's announced length is not allocated before
+            // its bytes come; else the buffered bytes move to the front when the room behind
+            // them is short.
+            let whole = count.max(RECEIVE_BYTES_MIN);
+            let capacity = whole.min((buffered + RECEIVE_BYTES).max(2 * buf.capacity()));
             if buf.capacity() < capacity {
                 let mut larger = IoBuf::heap(capacity);
                 larger.set_len(buffered);
@@ -498,7 +502,7 @@ impl Input {
                     .copy_from_slice(&buf.as_slice()[self.start..]);
                 buf = larger;
                 self.start = 0;
-            } else if buf.capacity() - self.start < count {
+            } else if self.start > 0 && buf.capacity() - self.start < count {
                 let end = buf.len();
                 buf.set_len(buf.capacity());
                 buf.as_mut_slice().copy_within(self.start..end, 0);

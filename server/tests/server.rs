@@ -412,6 +412,41 @@ fn frames_split_anywhere_or_packed_together_are_read_alike() {
 }
 
 #[test]
+fn a_frame_announced_is_not_allocated_before_its_bytes_arrive() {
+    let server = ServerProcess::start("announced");
+    let pid = server.child.id();
+    // Let the server settle (its shard threads and first buffers) before measuring.
+    let mut probe = server.connect();
+    hello(&mut probe);
+    let before = status_bytes(pid, "VmSize:");
+    // Connections that announce the largest payload the limits allow and send 1 KiB of it.
+    let connections = 100u64;
+    let announced = Limits::default().payload_bytes_max;
+    let mut streams = Vec::new();
+    for index in 0..connections {
+        let mut stream = server.connect();
+        let header = FrameHeader::new(Opcode::Put, index, &[], announced, 0);
+        stream.write_all(&header.encode()).unwrap();
+        stream.write_all(&[7u8; 1024]).unwrap();
+        streams.push(stream);
+    }
+    // The server has read them all once a request behind them on a new connection is answered
+    // and a moment has passed.
+    let mut last = server.connect();
+    hello(&mut last);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = status_bytes(pid, "VmSize:");
+    let grown = after.saturating_sub(before);
+    assert!(
+        grown < connections * announced / 4,
+        "{connections} connections announcing {announced} bytes each grew the server by {grown} \
+         bytes of address space"
+    );
+    send(&mut last, Opcode::Ping, 1, &[], &[]);
+    assert_eq!(status(&receive(&mut last)), Status::Ok, "still serving");
+}
+
+#[test]
 fn malformed_frames_get_a_status_or_a_clean_close() {
     let server = ServerProcess::start("malformed");
 
@@ -542,11 +577,13 @@ fn sigterm_stops_the_server_with_status_zero_and_data_survives() {
 }
 
 fn resident_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// A size line of /proc/PID/status (`VmRSS:`, `VmSize:`), in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .unwrap();
+    let line = status.lines().find(|line| line.starts_with(field)).unwrap();
     line.split_whitespace()
         .nth(1)
         .unwrap()
