@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hydrant_proto::message::{
-    BatchGetRequest, FlushRequest, GetRequest, GetRequestRef, ListEntries, ListEntry, ListRequest,
-    Message, ObjectInfo, ObjectName, ObjectNameRef, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
+    BatchGetRequest, FlushRequest, GetRequestRef, ListEntries, ListEntry, ListRequest, Message,
+    ObjectInfo, ObjectName, ObjectNameRef, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{Limits, Opcode};
 
@@ -59,14 +59,16 @@ pub(crate) fn object_name(bucket: &str, key: &str) -> ObjectName {
     }
 }
 
-pub(crate) fn get_request(
-    bucket: &str,
-    key: &str,
+/// A GET of the caller's bucket and key, borrowed (encoded without copying them first;
+/// `to_owned` for a batch's items).
+pub(crate) fn get_request<'a>(
+    bucket: &'a str,
+    key: &'a str,
     range: Option<(u64, Option<u64>)>,
-) -> GetRequest {
+) -> GetRequestRef<'a> {
     let (range_start, range_end) = range.unwrap_or((0, None));
-    GetRequest {
-        name: object_name(bucket, key),
+    GetRequestRef {
+        name: ObjectNameRef { bucket, key },
         range_start,
         range_end,
     }
@@ -253,18 +255,12 @@ impl SharedClient {
         range: Option<(u64, Option<u64>)>,
         buffer: &mut [u8],
     ) -> Result<(ObjectInfo, usize)> {
-        let (range_start, range_end) = range.unwrap_or((0, None));
-        // Encoded from the caller's strings, without copying them into a request first.
-        let extension = GetRequestRef {
-            name: ObjectNameRef { bucket, key },
-            range_start,
-            range_end,
-        }
-        .encode();
+        let request = get_request(bucket, key, range);
+        let extension = request.encode();
         self.on_owner(bucket, key, |connection| {
             connection.get(
                 &extension,
-                range_end,
+                request.range_end,
                 Destination::Fixed(&mut *buffer),
                 None,
             )
@@ -324,7 +320,7 @@ impl SharedClient {
                         .iter()
                         .map(|&position| {
                             let item = &items[indices[position]];
-                            get_request(&item.bucket, &item.key, item.range)
+                            get_request(&item.bucket, &item.key, item.range).to_owned()
                         })
                         .collect(),
                 };

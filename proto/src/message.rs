@@ -244,12 +244,7 @@ impl Message for GetRequest {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let request = GetRequestRef::decode_from(reader)?;
-        Ok(GetRequest {
-            name: request.name.to_owned(),
-            range_start: request.range_start,
-            range_end: request.range_end,
-        })
+        GetRequestRef::decode_from(reader).map(GetRequestRef::to_owned)
     }
 }
 
@@ -267,6 +262,14 @@ impl<'a> GetRequestRef<'a> {
         self.name.encode_into(writer);
         writer.u64(self.range_start);
         writer.u64(self.range_end.unwrap_or(u64::MAX));
+    }
+
+    pub fn to_owned(self) -> GetRequest {
+        GetRequest {
+            name: self.name.to_owned(),
+            range_start: self.range_start,
+            range_end: self.range_end,
+        }
     }
 
     /// The encoding, as `Message::encode` gives it.

@@ -461,7 +461,7 @@ impl AsyncClient {
                     .iter()
                     .map(|&index| {
                         let item = &items[index];
-                        get_request(&item.bucket, &item.key, item.range)
+                        get_request(&item.bucket, &item.key, item.range).to_owned()
                     })
                     .collect(),
             };
