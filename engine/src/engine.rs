@@ -70,6 +70,10 @@ pub struct EngineConfig {
     /// Under load, how long a shard may wait to gather completions before submitting more.
     /// Default 100 µs.
     pub completion_batch_wait_us: u32,
+    /// Provided 4 KiB receive buffers per shard, shared by its connections' multishot receives
+    /// (a power of two up to 32768; 0: each receive goes into its connection's own buffer).
+    /// Default 256 (1 MiB).
+    pub receive_buffers: u16,
     /// Requests queued for one shard before senders wait. Default 1024.
     pub inbox_requests_max: usize,
     /// Requests one shard works on at once. Default 256.
@@ -108,6 +112,7 @@ impl EngineConfig {
             io_depth_max: 64,
             io_bytes_in_flight_max: crate::rt::IO_BYTES_MAX_DEFAULT,
             completion_batch_wait_us: 100,
+            receive_buffers: crate::rt::RECEIVE_BUFFERS_DEFAULT,
             inbox_requests_max: 1024,
             requests_in_flight_max: 256,
             object_bytes_max: 1 << 30,
@@ -164,6 +169,14 @@ impl EngineConfig {
             return invalid(format!(
                 "io_bytes_in_flight_max must be 4 KiB-1 GiB, not {}",
                 self.io_bytes_in_flight_max
+            ));
+        }
+        if self.receive_buffers != 0
+            && (!self.receive_buffers.is_power_of_two() || self.receive_buffers > 1 << 15)
+        {
+            return invalid(format!(
+                "receive_buffers must be 0 or a power of two up to 32768, not {}",
+                self.receive_buffers
             ));
         }
         if self.inbox_requests_max == 0 || self.requests_in_flight_max == 0 {
@@ -571,6 +584,7 @@ impl Engine {
                         .io_bytes_in_flight_max
                         .max(u64::from(geometry.chunk_bytes) + BLOCK_BYTES as u64),
                     completion_batch_wait_us: config.completion_batch_wait_us,
+                    receive_buffers: config.receive_buffers,
                 },
                 requests_in_flight_max: config.requests_in_flight_max,
                 origins: origins.clone(),

@@ -440,15 +440,30 @@ fn out_frame(
     }
 }
 
-/// Bytes received and not yet consumed, in one buffer the kernel receives into: the bytes
-/// `start..len` of `buf`. It holds at least `RECEIVE_BYTES_MIN`, grows to hold the frame being
-/// read (bounded by the negotiated limits), and shrinks back once a large frame is used.
+/// Bytes received and not yet consumed, in one buffer: the bytes `start..len` of `buf`. It
+/// holds at least `RECEIVE_BYTES_MIN`, grows to hold the frame being read (bounded by the
+/// negotiated limits), and shrinks back once a large frame is used.
+///
+/// While the connection waits for small frames, a multishot receive stays armed on its socket
+/// (`net::RecvStream`): the kernel puts arriving bytes in the shard's provided buffers and they
+/// are copied here, with no submission per request. A frame that still misses more than
+/// `STREAM_BYTES_MAX` is received with plain receives straight into this buffer, and so is
+/// the rest of a frame during which a stream ended without the peer closing (no provided buffer
+/// was free, or the connection left too many unread).
 struct Input {
     socket: RawFd,
-    /// `None` only while a receive holds it.
+    /// `None` only while a plain receive holds it.
     buf: Option<IoBuf>,
     start: usize,
+    /// The armed multishot receive, if any: while it is, nothing else receives.
+    stream: Option<net::RecvStream>,
+    /// A stream ended without the peer closing: plain receives until this frame is in.
+    plain: bool,
 }
+
+/// A frame missing more bytes than this is received straight into the input buffer, not in
+/// provided buffers.
+const STREAM_BYTES_MAX: usize = 64 * 1024;
 
 impl Input {
     fn new(socket: RawFd) -> Input {
@@ -456,6 +471,8 @@ impl Input {
             socket,
             buf: Some(IoBuf::heap(RECEIVE_BYTES_MIN)),
             start: 0,
+            stream: None,
+            plain: false,
         }
     }
 
@@ -472,12 +489,23 @@ impl Input {
     /// Wait until at least `count` bytes are buffered. Ok(false) when the peer closed the
     /// connection cleanly with nothing buffered.
     async fn fill(&mut self, count: usize) -> io::Result<bool> {
+        if self.buffered() == 0 {
+            self.plain = false;
+        }
         while self.buffered() < count {
+            let buffered = self.buffered();
+            if count - buffered > STREAM_BYTES_MAX {
+                // A large frame: plain receives, once the stream's last bytes are in.
+                if let Some(stream) = self.stream.as_mut() {
+                    stream.cancel();
+                }
+            } else if self.stream.is_none() && !self.plain {
+                self.stream = net::RecvStream::start(self.socket);
+            }
             let mut buf = self
                 .buf
                 .take()
                 .expect("the input buffer is back from its receive");
-            let buffered = buf.len() - self.start;
             if buffered == 0 {
                 // Everything was used: start again at the front, and give a large frame's
                 // memory back.
@@ -491,9 +519,15 @@ impl Input {
             // of it, grown with what arrives (by at most RECEIVE_BYTES past the bytes buffered,
             // or to twice its size), so that a frame's announced length is not allocated before
             // its bytes come; else the buffered bytes move to the front when the room behind
-            // them is short.
+            // them is short. A stream needs room for one provided buffer.
             let whole = count.max(RECEIVE_BYTES_MIN);
-            let capacity = whole.min((buffered + RECEIVE_BYTES).max(2 * buf.capacity()));
+            let mut capacity = whole.min((buffered + RECEIVE_BYTES).max(2 * buf.capacity()));
+            let room_short = if self.stream.is_some() {
+                capacity = capacity.max((buffered + net::RECEIVE_BUFFER_BYTES).next_power_of_two());
+                buf.capacity() - buf.len() < net::RECEIVE_BUFFER_BYTES
+            } else {
+                buf.capacity() - self.start < count
+            };
             if buf.capacity() < capacity {
                 let mut larger = IoBuf::heap(capacity);
                 larger.set_len(buffered);
@@ -502,25 +536,46 @@ impl Input {
                     .copy_from_slice(&buf.as_slice()[self.start..]);
                 buf = larger;
                 self.start = 0;
-            } else if self.start > 0 && buf.capacity() - self.start < count {
+            } else if self.start > 0 && room_short {
                 let end = buf.len();
                 buf.set_len(buf.capacity());
                 buf.as_mut_slice().copy_within(self.start..end, 0);
                 buf.set_len(buffered);
                 self.start = 0;
             }
-            // With nothing buffered, the peer is most likely still waiting for an answer.
-            let (received, buf) = net::recv(self.socket, buf, buffered == 0).await;
-            self.buf = Some(buf);
-            match received? {
-                0 if buffered == 0 => return Ok(false),
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the peer closed the connection mid-frame",
-                    ))
+            let received = match self.stream.as_mut() {
+                Some(stream) => {
+                    let received = stream.recv_into(&mut buf).await;
+                    self.buf = Some(buf);
+                    match received? {
+                        net::Received::Data(bytes) => bytes,
+                        net::Received::Closed => {
+                            self.stream = None;
+                            0
+                        }
+                        net::Received::Ended => {
+                            self.stream = None;
+                            self.plain = true;
+                            continue;
+                        }
+                    }
                 }
-                _ => {}
+                None => {
+                    // With nothing buffered, the peer is most likely still waiting for an
+                    // answer.
+                    let (received, buf) = net::recv(self.socket, buf, buffered == 0).await;
+                    self.buf = Some(buf);
+                    received?
+                }
+            };
+            if received == 0 {
+                if buffered == 0 {
+                    return Ok(false);
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection mid-frame",
+                ));
             }
         }
         Ok(true)
@@ -575,6 +630,8 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
     if let Err(error) = read_loop(&connection, &mut input, &in_flight).await {
         log::debug!("connection closed: {error}");
     }
+    // A multishot receive still armed is cancelled (the socket closes only once it is gone).
+    drop(input);
     // Let the requests in flight finish, then the writer flush their answers.
     for _ in 0..limits.requests_in_flight_max {
         std::mem::forget(in_flight.acquire().await);

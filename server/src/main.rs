@@ -93,6 +93,11 @@ struct Arguments {
     /// no request running, no answer being sent): 500ms, 30s, 5m, 2h; 0 never. Default 300s.
     #[arg(long, env = "HYDRANT_IDLE_TIMEOUT")]
     idle_timeout: Option<String>,
+    /// Provided 4 KiB receive buffers per shard, which waiting connections' multishot receives
+    /// share: a power of two up to 32768, or 0 for a receive per request into each connection's
+    /// own buffer. Default 256.
+    #[arg(long, env = "HYDRANT_RECEIVE_BUFFERS")]
+    receive_buffers: Option<u16>,
 }
 
 /// The settings a `--config` file may hold.
@@ -116,6 +121,7 @@ struct ConfigFile {
     admission_bytes_per_second: Option<String>,
     local_socket: Option<PathBuf>,
     idle_timeout: Option<String>,
+    receive_buffers: Option<u16>,
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -158,6 +164,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         .or(file.admission_bytes_per_second);
     arguments.local_socket = arguments.local_socket.or(file.local_socket);
     arguments.idle_timeout = arguments.idle_timeout.or(file.idle_timeout);
+    arguments.receive_buffers = arguments.receive_buffers.or(file.receive_buffers);
     Ok(arguments)
 }
 
@@ -346,6 +353,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Some(count) = arguments.receive_buffers {
+        if count != 0 && (!count.is_power_of_two() || count > 1 << 15) {
+            eprintln!(
+                "hydrant-server: --receive-buffers must be 0 or a power of two up to 32768, not {count}"
+            );
+            return ExitCode::from(2);
+        }
+        engine.receive_buffers = count;
     }
     if let Some(text) = &arguments.admission_bytes_per_second {
         match size_bytes(text) {

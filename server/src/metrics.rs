@@ -109,7 +109,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&ShardStats) -> u64;
-    let engine_metrics: [(&str, &str, &str, Field); 22] = [
+    let engine_metrics: [(&str, &str, &str, Field); 27] = [
         (
             "hydrant_nvme_admitted_bytes_total",
             "counter",
@@ -232,6 +232,36 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
             "counter",
             "Regions reclaimed.",
             |stats| stats.counters.reclaims,
+        ),
+        (
+            "hydrant_receive_buffers",
+            "gauge",
+            "Provided receive buffers of the shard, shared by its connections' multishot receives.",
+            |stats| u64::from(stats.receive.buffers),
+        ),
+        (
+            "hydrant_receive_buffers_lent",
+            "gauge",
+            "Provided receive buffers holding bytes their connection has not copied out yet.",
+            |stats| u64::from(stats.receive.buffers_lent),
+        ),
+        (
+            "hydrant_receive_streams_total",
+            "counter",
+            "Multishot receives started.",
+            |stats| stats.receive.streams_started,
+        ),
+        (
+            "hydrant_receive_buffer_shortages_total",
+            "counter",
+            "Multishot receives that found no provided buffer free (a plain receive followed).",
+            |stats| stats.receive.buffer_shortages,
+        ),
+        (
+            "hydrant_receive_streams_cut_total",
+            "counter",
+            "Multishot receives cancelled because their connection left too many buffers unread.",
+            |stats| stats.receive.streams_cut,
         ),
         (
             "hydrant_checksum_errors_total",

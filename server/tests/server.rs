@@ -1216,3 +1216,184 @@ fn gets_answered_from_the_dram_tier_are_the_stored_bytes_of_the_current_version(
     client.delete("b", &keys[1]).unwrap();
     assert!(client.get("b", &keys[1], None).is_err());
 }
+
+/// The sum over shards of the metric lines starting with `prefix`, from STATS on a new
+/// connection.
+fn stat_total(server: &ServerProcess, prefix: &str) -> u64 {
+    let mut stream = server.connect();
+    hello(&mut stream);
+    send(&mut stream, Opcode::Stats, 1, &[], &[]);
+    let stats = receive(&mut stream);
+    assert_eq!(status(&stats), Status::Ok);
+    String::from_utf8(stats.payload)
+        .unwrap()
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Wait (up to 20 s) until `condition` holds.
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn connections_go_on_when_the_shared_receive_buffers_run_short_or_are_off() {
+    // Two provided buffers per shard for eight busy connections, and none at all.
+    for buffers in ["2", "0"] {
+        let server = ServerProcess::start_with(
+            &format!("receive-buffers-{buffers}"),
+            &["--receive-buffers", buffers],
+        );
+        let address = server.address.clone();
+        let clients: Vec<_> = (0..8u64)
+            .map(|client| {
+                let address = address.clone();
+                std::thread::spawn(move || {
+                    let mut stream = TcpStream::connect(&address).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(20)))
+                        .unwrap();
+                    hello(&mut stream);
+                    for (round, size) in [1usize, 3000, 9000, 70_000, 200_000].iter().enumerate() {
+                        let data = pattern(client * 10 + round as u64, *size);
+                        let key = format!("c{client}-{round}");
+                        let put = PutRequest {
+                            name: name(&key),
+                            object_bytes: data.len() as u64,
+                        };
+                        // The PUT with 400 PINGs (19 KiB of frames, more than the provided
+                        // buffers hold at once) in one write; once it is answered, 400 PINGs
+                        // and 4 GETs of the object.
+                        let get = GetRequest {
+                            name: name(&key),
+                            range_start: 0,
+                            range_end: None,
+                        };
+                        let pings = |base: u64| {
+                            (0..400).map(move |index| (Opcode::Ping, base + index, vec![], vec![]))
+                        };
+                        let mut put_requests = vec![(Opcode::Put, 1, put.encode(), data.clone())];
+                        put_requests.extend(pings(10));
+                        let mut get_requests: Vec<_> = pings(1000).collect();
+                        get_requests.extend(
+                            (0..4).map(|index| (Opcode::Get, 2000 + index, get.encode(), vec![])),
+                        );
+                        for requests in [put_requests, get_requests] {
+                            stream.write_all(&frames(&requests)).unwrap();
+                            let mut answered = std::collections::HashSet::new();
+                            for _ in &requests {
+                                let response = receive(&mut stream);
+                                assert_eq!(status(&response), Status::Ok, "{key}");
+                                if response.header.opcode == Opcode::Get {
+                                    assert!(response.payload == data, "{key} read back");
+                                }
+                                answered.insert(response.header.request_id);
+                            }
+                            assert_eq!(answered.len(), requests.len(), "{key}: all answered");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for client in clients {
+            client.join().unwrap();
+        }
+        let shortages = stat_total(&server, "hydrant_receive_buffer_shortages_total{");
+        if buffers == "0" {
+            assert_eq!(stat_total(&server, "hydrant_receive_streams_total{"), 0);
+            assert_eq!(shortages, 0);
+        } else {
+            assert!(stat_total(&server, "hydrant_receive_streams_total{") > 0);
+            assert!(shortages > 0, "two buffers per shard ran short");
+            // Every buffer lent to the connections came back once they closed.
+            eventually("every receive buffer is back", || {
+                stat_total(&server, "hydrant_receive_buffers_lent{") == 0
+            });
+        }
+    }
+}
+
+#[test]
+fn a_connection_that_stops_reading_holds_few_receive_buffers() {
+    let server = ServerProcess::start("stalled-reader");
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let big = pattern(5, 1 << 20);
+    let put = PutRequest {
+        name: name("big"),
+        object_bytes: big.len() as u64,
+    };
+    send(&mut stream, Opcode::Put, 1, &put.encode(), &big);
+    assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    let pool = stat_total(&server, "hydrant_receive_buffers{");
+    assert_eq!(pool, 2 * 256, "the default pool of each of the two shards");
+    // 100 GETs of 1 MiB that are not read stop the server reading this connection (its queued
+    // answers pass their bound); 10,000 PINGs (469 KiB) sent after that arrive all the same.
+    let get = GetRequest {
+        name: name("big"),
+        range_start: 0,
+        range_end: None,
+    };
+    let mut requests: Vec<_> = (0..100)
+        .map(|index| (Opcode::Get, 10 + index, get.encode(), vec![]))
+        .collect();
+    stream.write_all(&frames(&requests)).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let pings: Vec<_> = (0..10_000)
+        .map(|index| (Opcode::Ping, 1000 + index, vec![], vec![]))
+        .collect();
+    stream.write_all(&frames(&pings)).unwrap();
+    requests.extend(pings);
+    // Once the server has taken what it will, the connection holds STREAM_BUFFERS_UNREAD_MAX
+    // (8) buffers, and at most what the kernel posts in one pass over the socket (32) before the
+    // cancellation reaches it; the rest waits in the socket.
+    std::thread::sleep(Duration::from_secs(1));
+    let lent = stat_total(&server, "hydrant_receive_buffers_lent{");
+    assert!(
+        (1..=40).contains(&lent),
+        "{lent} buffers lent to one stalled connection"
+    );
+    assert!(stat_total(&server, "hydrant_receive_streams_cut_total{") >= 1);
+    // Other connections are served meanwhile.
+    let mut other = server.connect();
+    hello(&mut other);
+    send(&mut other, Opcode::Get, 7, &get.encode(), &[]);
+    let response = receive(&mut other);
+    assert_eq!(status(&response), Status::Ok);
+    assert!(response.payload == big);
+    // Reading again, the stalled connection gets every answer, in full.
+    let mut gets = 0;
+    for _ in &requests {
+        let response = receive(&mut stream);
+        assert_eq!(status(&response), Status::Ok);
+        if response.header.opcode == Opcode::Get {
+            assert!(response.payload == big);
+            gets += 1;
+        }
+    }
+    assert_eq!(gets, 100);
+    drop(stream);
+    drop(other);
+    // A connection closed by the server for a bad frame, with more of its bytes in provided
+    // buffers not read yet: those go back too.
+    let mut bad = server.connect();
+    hello(&mut bad);
+    let mut bytes = vec![0xAB; FRAME_HEADER_BYTES];
+    bytes.extend(frames(
+        &(0..2000)
+            .map(|index| (Opcode::Ping, index, vec![], vec![]))
+            .collect::<Vec<_>>(),
+    ));
+    bad.write_all(&bytes).unwrap();
+    let mut rest = Vec::new();
+    let _ = bad.read_to_end(&mut rest);
+    eventually("every receive buffer is back", || {
+        stat_total(&server, "hydrant_receive_buffers_lent{") == 0
+    });
+}

@@ -10,20 +10,26 @@
 //! - Device I/O in flight per shard is bounded by `io_depth_max` operations and `io_bytes_max`
 //!   bytes; an operation past either bound waits before it is submitted (one larger than the
 //!   byte bound goes alone). Socket operations are not counted.
+//! - A connection waiting for small requests keeps one multishot receive armed ([`net::RecvStream`]):
+//!   the kernel fills the shard's provided buffers as bytes arrive, with no submission per
+//!   request. A receive that leaves `STREAM_BUFFERS_UNREAD_MAX` buffers unread is cancelled, one
+//!   that finds none free ends, and its connection goes on with a plain receive.
 
 pub mod channel;
 mod executor;
 pub mod net;
 pub mod op;
+mod provided;
 mod reactor;
 pub mod sync;
 pub mod time;
 
 pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
+pub use provided::{ReceiveStats, RECEIVE_BUFFER_BYTES};
 pub use reactor::{
     Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS, IO_BYTES_MAX_DEFAULT,
-    WAITER_PASSES_MAX,
+    RECEIVE_BUFFERS_DEFAULT, STREAM_BUFFERS_UNREAD_MAX, WAITER_PASSES_MAX,
 };
 
 use std::future::Future;

@@ -9,7 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use io_uring::{opcode, types};
 
+use super::executor::with_reactor;
 use super::op::{submit_socket, Keep};
+pub use super::provided::RECEIVE_BUFFER_BYTES;
 use crate::buf::IoBuf;
 
 /// IORING_RECVSEND_POLL_FIRST (linux/io_uring.h, since 5.19): arm the poll before trying.
@@ -322,4 +324,99 @@ pub async fn send_parts<T: SendParts>(socket: RawFd, parts: T) -> (io::Result<()
         }
     }
     (Ok(()), gathered.parts)
+}
+
+/// What one completion of a [`RecvStream`] brought.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received {
+    /// This many bytes, appended to the buffer.
+    Data(usize),
+    /// The peer closed the connection (the stream is over).
+    Closed,
+    /// The stream is over without the peer closing: it was cancelled (see
+    /// [`RecvStream::cancel`] and `STREAM_BUFFERS_UNREAD_MAX`) or found no provided buffer free.
+    /// The bytes not received yet wait in the socket for a plain [`recv`].
+    Ended,
+}
+
+/// A multishot receive on one socket into the shard's provided buffers: armed once, it brings
+/// the socket's bytes as they arrive until it ends. Dropping it cancels it; the buffers its
+/// unread completions hold go back to the shard.
+pub struct RecvStream {
+    /// Its slot in the reactor, until its last completion was taken.
+    index: Option<usize>,
+}
+
+impl RecvStream {
+    /// Arm a multishot receive on `socket`; `None` when the shard has no provided buffers. While
+    /// it is armed, nothing else may receive from `socket`.
+    pub fn start(socket: RawFd) -> Option<RecvStream> {
+        with_reactor(|reactor| reactor.start_stream(socket))
+            .map(|index| RecvStream { index: Some(index) })
+    }
+
+    /// Whether its last completion was taken (nothing more will come).
+    pub fn is_over(&self) -> bool {
+        self.index.is_none()
+    }
+
+    /// Cancel it: the completions already made still come, then `Received::Ended`.
+    pub fn cancel(&mut self) {
+        if let Some(index) = self.index {
+            with_reactor(|reactor| reactor.cancel_stream(index));
+        }
+    }
+
+    /// Wait for its next completion and append the bytes it brought to `buf`, which must have
+    /// room for `RECEIVE_BUFFER_BYTES` after its length.
+    pub async fn recv_into(&mut self, buf: &mut IoBuf) -> io::Result<Received> {
+        assert!(
+            buf.capacity() - buf.len() >= RECEIVE_BUFFER_BYTES,
+            "room for one provided buffer"
+        );
+        let Some(index) = self.index else {
+            return Ok(Received::Ended);
+        };
+        let (result, flags) = std::future::poll_fn(|context| {
+            match with_reactor(|reactor| reactor.poll_stream(index, context.waker())) {
+                Some(completion) => std::task::Poll::Ready(completion),
+                None => std::task::Poll::Pending,
+            }
+        })
+        .await;
+        if !io_uring::cqueue::more(flags) {
+            self.index = None;
+        }
+        match result {
+            0 => {
+                self.index = None;
+                Ok(Received::Closed)
+            }
+            received if received > 0 => {
+                let received = received as usize;
+                let bid = io_uring::cqueue::buffer_select(flags)
+                    .expect("a multishot receive's bytes lie in a provided buffer");
+                let filled = buf.len();
+                buf.set_len(filled + received);
+                with_reactor(|reactor| {
+                    reactor.take_provided(bid, received, &mut buf.as_mut_slice()[filled..])
+                });
+                Ok(Received::Data(received))
+            }
+            error if error == -libc::ENOBUFS => {
+                with_reactor(|reactor| reactor.count_buffer_shortage());
+                Ok(Received::Ended)
+            }
+            error if error == -libc::ECANCELED => Ok(Received::Ended),
+            error => Err(io::Error::from_raw_os_error(-error)),
+        }
+    }
+}
+
+impl Drop for RecvStream {
+    fn drop(&mut self) {
+        if let Some(index) = self.index {
+            with_reactor(|reactor| reactor.abandon_stream(index));
+        }
+    }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use super::provided::{ProvidedBuffers, ReceiveStats, RECEIVE_GROUP};
 use crate::buf::IoBuf;
 
 /// Settings of one reactor; every field has a documented default in [`ReactorConfig::default`].
@@ -26,6 +27,9 @@ pub struct ReactorConfig {
     /// With many operations in flight, how long the reactor may wait for a batch of
     /// completions before it submits again (see `Reactor::turn`).
     pub completion_batch_wait_us: u32,
+    /// Provided receive buffers of `RECEIVE_BUFFER_BYTES` for multishot receives (a power of
+    /// two; 0: every receive goes into its connection's own buffer).
+    pub receive_buffers: u16,
 }
 
 impl Default for ReactorConfig {
@@ -35,6 +39,7 @@ impl Default for ReactorConfig {
             io_depth_max: 64,
             io_bytes_max: IO_BYTES_MAX_DEFAULT,
             completion_batch_wait_us: 100,
+            receive_buffers: RECEIVE_BUFFERS_DEFAULT,
         }
     }
 }
@@ -42,6 +47,13 @@ impl Default for ReactorConfig {
 /// The default bound on device bytes in flight per shard: room for two 4 MiB chunks, or 64
 /// reads of 128 KiB.
 pub const IO_BYTES_MAX_DEFAULT: u64 = 8 << 20;
+
+/// The default number of provided receive buffers per shard: 1 MiB of 4 KiB buffers.
+pub const RECEIVE_BUFFERS_DEFAULT: u16 = 256;
+
+/// Provided buffers one multishot receive may hold unread before it is cancelled (its
+/// connection stopped reading: the rest waits in the socket, where TCP holds the peer back).
+pub const STREAM_BUFFERS_UNREAD_MAX: usize = 8;
 
 /// What the ring turned out to support, for stats and logs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -104,6 +116,16 @@ enum SlotState {
     Done(i32),
     /// The future that asked was dropped; the slot (and its `Keep`) is freed by the completion.
     Abandoned,
+    /// A multishot receive: its completions (result, flags) not yet taken, the waker of its
+    /// receiver, and whether it was cancelled. The slot is freed with its last completion.
+    Stream {
+        completions: VecDeque<(i32, u32)>,
+        waker: Option<Waker>,
+        cancelled: bool,
+    },
+    /// A multishot receive whose receiver went away: cancelled, its buffers given back as they
+    /// come, the slot freed with its last completion.
+    StreamAbandoned,
 }
 
 struct Slot {
@@ -211,8 +233,10 @@ pub struct Reactor {
     /// Where the armed eventfd read writes its 8 bytes; boxed so that its address is stable.
     eventfd_buffer: Box<std::cell::UnsafeCell<u64>>,
     /// Reused between turns, to copy completions out of the ring without allocating.
-    completions: RefCell<Vec<(u64, i32)>>,
+    completions: RefCell<Vec<(u64, i32, u32)>>,
     info: ReactorInfo,
+    /// The shard's provided receive buffers (`None`: not configured, or refused by the kernel).
+    receive: RefCell<Option<ProvidedBuffers>>,
 }
 
 impl Reactor {
@@ -220,6 +244,16 @@ impl Reactor {
         assert!(config.io_depth_max > 0);
         assert!(config.ring_entries as usize > config.io_depth_max + 2);
         let (ring, defer_taskrun) = build_ring(config.ring_entries)?;
+        let receive = match config.receive_buffers {
+            0 => None,
+            count => match ProvidedBuffers::register(&ring, count) {
+                Ok(buffers) => Some(buffers),
+                Err(error) => {
+                    log::info!("no provided receive buffers ({error}); plain receives only");
+                    None
+                }
+            },
+        };
         Ok(Reactor {
             external_slots: Cell::new(false),
             ring: RefCell::new(ring),
@@ -241,11 +275,20 @@ impl Reactor {
             eventfd_buffer: Box::new(std::cell::UnsafeCell::new(0)),
             completions: RefCell::new(Vec::with_capacity(config.ring_entries as usize)),
             info: ReactorInfo { defer_taskrun },
+            receive: RefCell::new(receive),
         })
     }
 
     pub fn info(&self) -> ReactorInfo {
         self.info
+    }
+
+    /// What the shard's provided receive buffers did (all zero without them).
+    pub fn receive_stats(&self) -> ReceiveStats {
+        self.receive
+            .borrow()
+            .as_ref()
+            .map_or_else(ReceiveStats::default, |buffers| buffers.stats)
     }
 
     /// Device operations submitted and not yet completed (abandoned ones included).
@@ -361,17 +404,7 @@ impl Reactor {
             keep,
             device_bytes,
         };
-        let index = match self.free_slots.borrow_mut().pop() {
-            Some(index) => {
-                self.slots.borrow_mut()[index] = Some(slot);
-                index
-            }
-            None => {
-                let mut slots = self.slots.borrow_mut();
-                slots.push(Some(slot));
-                slots.len() - 1
-            }
-        };
+        let index = self.insert_slot(slot);
         self.push_entry(entry.user_data(index as u64));
         match device_bytes {
             Some(bytes) => {
@@ -522,6 +555,154 @@ impl Reactor {
                 None
             }
             SlotState::Abandoned => unreachable!("polled an abandoned slot"),
+            SlotState::Stream { .. } | SlotState::StreamAbandoned => {
+                unreachable!("polled a multishot receive as one operation")
+            }
+        }
+    }
+
+    /// Start a multishot receive on `socket` into the provided buffers; `None` without them.
+    /// Its completions are taken with `poll_stream`; it ends with a completion without MORE.
+    pub(crate) fn start_stream(&self, socket: RawFd) -> Option<usize> {
+        self.receive.borrow_mut().as_mut()?.stats.streams_started += 1;
+        let index = self.insert_slot(Slot {
+            state: SlotState::Stream {
+                completions: VecDeque::new(),
+                waker: None,
+                cancelled: false,
+            },
+            keep: Keep::Nothing,
+            device_bytes: None,
+        });
+        let entry = opcode::RecvMulti::new(types::Fd(socket), RECEIVE_GROUP)
+            .build()
+            .user_data(index as u64);
+        self.push_entry(entry);
+        self.sockets_in_flight.set(self.sockets_in_flight.get() + 1);
+        Some(index)
+    }
+
+    /// The next completion (result, flags) of multishot receive `index`, or `None` (the waker
+    /// is kept) when none is there yet. The slot is freed with the last one (no MORE flag):
+    /// `index` must not be used after that.
+    pub(crate) fn poll_stream(&self, index: usize, waker: &Waker) -> Option<(i32, u32)> {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots[index].as_mut().expect("polled a free slot");
+        let SlotState::Stream {
+            completions,
+            waker: stored,
+            ..
+        } = &mut slot.state
+        else {
+            unreachable!("not a multishot receive")
+        };
+        match completions.pop_front() {
+            Some((result, flags)) => {
+                if !io_uring::cqueue::more(flags) {
+                    slots[index] = None;
+                    self.free_slots.borrow_mut().push(index);
+                }
+                Some((result, flags))
+            }
+            None => {
+                match stored {
+                    Some(existing) if existing.will_wake(waker) => {}
+                    _ => *stored = Some(waker.clone()),
+                }
+                None
+            }
+        }
+    }
+
+    /// Copy the first `len` bytes of provided buffer `bid` to `out` and give the buffer back.
+    pub(crate) fn take_provided(&self, bid: u16, len: usize, out: &mut [u8]) {
+        let mut receive = self.receive.borrow_mut();
+        let buffers = receive
+            .as_mut()
+            .expect("a completion named a provided buffer");
+        out[..len].copy_from_slice(buffers.bytes(bid, len));
+        buffers.give_back(bid);
+    }
+
+    /// A receive ended for want of a provided buffer.
+    pub(crate) fn count_buffer_shortage(&self) {
+        if let Some(buffers) = self.receive.borrow_mut().as_mut() {
+            buffers.stats.buffer_shortages += 1;
+        }
+    }
+
+    /// Cancel multishot receive `index` (once); its remaining completions still come, the last
+    /// one without MORE.
+    pub(crate) fn cancel_stream(&self, index: usize) {
+        {
+            let mut slots = self.slots.borrow_mut();
+            let slot = slots[index].as_mut().expect("cancelled a free slot");
+            match &mut slot.state {
+                SlotState::Stream { cancelled, .. } if !*cancelled => *cancelled = true,
+                _ => return,
+            }
+        }
+        self.push_cancel(index);
+    }
+
+    /// The receiver of multishot receive `index` went away: give back the buffers its unread
+    /// completions hold, cancel it, and free the slot with its last completion.
+    pub(crate) fn abandon_stream(&self, index: usize) {
+        let (cancelled, finished, bids) = {
+            let mut slots = self.slots.borrow_mut();
+            let slot = slots[index].as_mut().expect("abandoned a free slot");
+            let SlotState::Stream {
+                completions,
+                cancelled,
+                ..
+            } = std::mem::replace(&mut slot.state, SlotState::StreamAbandoned)
+            else {
+                unreachable!("not a multishot receive")
+            };
+            let finished = completions
+                .back()
+                .is_some_and(|&(_, flags)| !io_uring::cqueue::more(flags));
+            if finished {
+                slots[index] = None;
+                self.free_slots.borrow_mut().push(index);
+            }
+            let bids: Vec<u16> = completions
+                .iter()
+                .filter_map(|&(_, flags)| io_uring::cqueue::buffer_select(flags))
+                .collect();
+            (cancelled, finished, bids)
+        };
+        if let Some(buffers) = self.receive.borrow_mut().as_mut() {
+            for bid in bids {
+                buffers.give_back(bid);
+            }
+        }
+        if !cancelled && !finished {
+            self.push_cancel(index);
+        }
+    }
+
+    fn push_cancel(&self, index: usize) {
+        // A cancellation is found by user_data. The slot cannot be reused before it is
+        // processed: it is freed only by the stream's last completion, and an operation that
+        // reuses it is queued behind this entry.
+        let entry = opcode::AsyncCancel::new(index as u64)
+            .build()
+            .user_data(CANCEL_TAG);
+        self.push_entry(entry);
+    }
+
+    fn insert_slot(&self, slot: Slot) -> usize {
+        match self.free_slots.borrow_mut().pop() {
+            Some(index) => {
+                self.slots.borrow_mut()[index] = Some(slot);
+                index
+            }
+            None => {
+                let mut slots = self.slots.borrow_mut();
+                slots.push(Some(slot));
+                slots.len() - 1
+            }
         }
     }
 
@@ -537,6 +718,9 @@ impl Reactor {
             }
             SlotState::Waiting(_) => slot.state = SlotState::Abandoned,
             SlotState::Abandoned => unreachable!("abandoned twice"),
+            SlotState::Stream { .. } | SlotState::StreamAbandoned => {
+                unreachable!("a multishot receive abandoned as one operation")
+            }
         }
     }
 
@@ -637,14 +821,14 @@ impl Reactor {
         {
             let mut ring = self.ring.borrow_mut();
             for cqe in ring.completion() {
-                completions.push((cqe.user_data(), cqe.result()));
+                completions.push((cqe.user_data(), cqe.result(), cqe.flags()));
             }
         }
-        for &(user_data, result) in &completions {
+        for &(user_data, result, flags) in &completions {
             match user_data {
                 EVENTFD_TAG => self.eventfd_completed(),
                 CANCEL_TAG => {}
-                index => self.slot_completed(index as usize, result),
+                index => self.slot_completed(index as usize, result, flags),
             }
         }
         completions.clear();
@@ -658,10 +842,72 @@ impl Reactor {
         self.remote.notified.store(false, Ordering::SeqCst);
     }
 
-    fn slot_completed(&self, index: usize, result: i32) {
+    /// One completion of multishot receive `index`: queued for its receiver (which is woken),
+    /// or, for an abandoned one, its buffer given back at once. A receive holding
+    /// `STREAM_BUFFERS_UNREAD_MAX` unread buffers is cancelled.
+    fn stream_completed(&self, index: usize, result: i32, flags: u32) {
+        let bid = io_uring::cqueue::buffer_select(flags);
+        let last = !io_uring::cqueue::more(flags);
+        if last {
+            self.sockets_in_flight.set(self.sockets_in_flight.get() - 1);
+        }
+        let mut receive = self.receive.borrow_mut();
+        let buffers = receive
+            .as_mut()
+            .expect("a multishot receive has provided buffers");
+        if bid.is_some() {
+            buffers.lent();
+        }
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots[index].as_mut().expect("completion for a free slot");
+        let (waker, cut) = match &mut slot.state {
+            SlotState::Stream {
+                completions,
+                waker,
+                cancelled,
+            } => {
+                completions.push_back((result, flags));
+                let cut = !last && !*cancelled && completions.len() >= STREAM_BUFFERS_UNREAD_MAX;
+                if cut {
+                    *cancelled = true;
+                    buffers.stats.streams_cut += 1;
+                }
+                (waker.take(), cut)
+            }
+            SlotState::StreamAbandoned => {
+                if let Some(bid) = bid {
+                    buffers.give_back(bid);
+                }
+                if last {
+                    slots[index] = None;
+                    self.free_slots.borrow_mut().push(index);
+                }
+                (None, false)
+            }
+            _ => unreachable!("checked by the caller"),
+        };
+        drop(slots);
+        drop(receive);
+        if cut {
+            self.push_cancel(index);
+        }
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn slot_completed(&self, index: usize, result: i32, flags: u32) {
         let (waker, device_bytes) = {
             let mut slots = self.slots.borrow_mut();
             let slot = slots[index].as_mut().expect("completion for a free slot");
+            if matches!(
+                slot.state,
+                SlotState::Stream { .. } | SlotState::StreamAbandoned
+            ) {
+                drop(slots);
+                self.stream_completed(index, result, flags);
+                return;
+            }
             let device_bytes = slot.device_bytes;
             let waker = match std::mem::replace(&mut slot.state, SlotState::Done(result)) {
                 SlotState::Waiting(waker) => waker,
@@ -671,6 +917,7 @@ impl Reactor {
                     None
                 }
                 SlotState::Done(_) => unreachable!("two completions for one slot"),
+                SlotState::Stream { .. } | SlotState::StreamAbandoned => unreachable!("above"),
             };
             (waker, device_bytes)
         };
@@ -755,6 +1002,16 @@ fn build_ring(entries: u32) -> io::Result<(IoUring, bool)> {
         Err(error) => {
             log::info!("io_uring without DEFER_TASKRUN ({error}); using a plain ring");
             Ok((IoUring::new(entries)?, false))
+        }
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // The provided buffers' descriptor ring is unregistered while the ring still exists;
+        // `drain` (when the shard stops) already waited for every receive that could fill one.
+        if let Some(buffers) = self.receive.get_mut().as_ref() {
+            buffers.unregister(self.ring.get_mut());
         }
     }
 }

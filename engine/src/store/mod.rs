@@ -180,6 +180,8 @@ pub struct ShardStats {
     pub arena: ArenaInfo,
     /// Whether the shard's ring runs with DEFER_TASKRUN (false: the plain-ring fallback).
     pub ring_defer_taskrun: bool,
+    /// The shard's provided receive buffers and multishot receives.
+    pub receive: crate::rt::ReceiveStats,
     /// Why the store stopped accepting writes, if it did.
     pub failure: Option<String>,
     /// The shard's DRAM tier in front of this store (filled in by the engine).
@@ -1211,6 +1213,7 @@ impl Store {
             counters: *self.counters.borrow(),
             arena: self.arena.info(),
             ring_defer_taskrun: crate::rt::current_reactor().info().defer_taskrun,
+            receive: crate::rt::current_reactor().receive_stats(),
             failure: self.failure.borrow().clone(),
             dram: Default::default(),
             admission: Default::default(),
