@@ -29,6 +29,7 @@ use crate::store::{
     StoredVersion,
 };
 use crate::tier::admission::{AdmissionStats, NvmeAdmission};
+use crate::tier::dram::DramBytes;
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
 
@@ -57,7 +58,7 @@ fn whole(range: Option<ByteRange>, bytes: u64) -> bool {
 fn from_memory(
     version: StoredVersion,
     range: std::ops::Range<u64>,
-    data: Rc<[u8]>,
+    data: DramBytes,
     crc: u32,
 ) -> PartsRead {
     let memory = ReadData::Memory {
@@ -102,7 +103,7 @@ pub enum ReadData {
     /// A range of the DRAM tier's copy of the object, with the CRC32C of that range when it
     /// is known without reading it (the whole object: the tier keeps its CRC).
     Memory {
-        data: Rc<[u8]>,
+        data: DramBytes,
         range: std::ops::Range<usize>,
         crc: Option<u32>,
     },
@@ -579,7 +580,7 @@ impl Cache {
         key: &ObjectKey,
         version: StoredVersion,
         range: Option<ByteRange>,
-        data: Rc<[u8]>,
+        data: DramBytes,
         crc: u32,
     ) -> Result<PartsRead> {
         self.store.touch(key);
