@@ -270,7 +270,7 @@ impl Connection {
             let mut crc = 0u32;
             for step in target[received..end].chunks_mut(PROGRESS_STEP_BYTES) {
                 self.stream.read_exact(step)?;
-                crc = crc32c::crc32c_append(crc, step);
+                crc = hydrant_proto::crc::crc32c_append(crc, step);
                 received += step.len();
                 if let Some(progress) = progress.as_mut() {
                     progress(received as u64, needed);

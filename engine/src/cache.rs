@@ -161,9 +161,9 @@ impl ReadData {
     pub fn crc(&self) -> u32 {
         match self {
             ReadData::Memory { crc: Some(crc), .. } => *crc,
-            ReadData::Memory { data, range, .. } => crc32c::crc32c(&data[range.clone()]),
+            ReadData::Memory { data, range, .. } => hydrant_crc::crc32c(&data[range.clone()]),
             ReadData::Store(read) => read.crc(),
-            ReadData::Owned(data) => crc32c::crc32c(data),
+            ReadData::Owned(data) => hydrant_crc::crc32c(data),
         }
     }
 

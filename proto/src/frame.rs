@@ -108,7 +108,7 @@ impl FrameHeader {
             extension_crc: if extension.is_empty() {
                 0
             } else {
-                crc32c::crc32c(extension)
+                crate::crc::crc32c(extension)
             },
             payload_crc,
         }
@@ -132,7 +132,7 @@ impl FrameHeader {
             .copy_from_slice(&self.extension_crc.to_le_bytes());
         bytes[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4]
             .copy_from_slice(&self.payload_crc.to_le_bytes());
-        let header_crc = crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET]);
+        let header_crc = crate::crc::crc32c(&bytes[..HEADER_CRC_OFFSET]);
         bytes[HEADER_CRC_OFFSET..].copy_from_slice(&header_crc.to_le_bytes());
         bytes
     }
@@ -227,7 +227,7 @@ impl FrameHeader {
             if payload.is_empty() {
                 0
             } else {
-                crc32c::crc32c(payload)
+                crate::crc::crc32c(payload)
             },
         );
         header.flags = FrameFlags::RESPONSE;
@@ -242,7 +242,7 @@ impl FrameHeader {
         let crc = if extension.is_empty() {
             0
         } else {
-            crc32c::crc32c(extension)
+            crate::crc::crc32c(extension)
         };
         if crc != self.extension_crc {
             return Err(ProtoError::ExtensionChecksum);
@@ -279,7 +279,7 @@ fn field<const N: usize>(bytes: &[u8], offset: usize) -> [u8; N] {
 
 /// The header's own checksum (its last four bytes) matches the bytes before it.
 fn header_checksum_ok(bytes: &[u8]) -> bool {
-    crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET])
+    crate::crc::crc32c(&bytes[..HEADER_CRC_OFFSET])
         == u32::from_le_bytes(field(bytes, HEADER_CRC_OFFSET))
 }
 
@@ -288,7 +288,7 @@ pub fn payload_crc(payload: &[u8]) -> u32 {
     if payload.is_empty() {
         0
     } else {
-        crc32c::crc32c(payload)
+        crate::crc::crc32c(payload)
     }
 }
 

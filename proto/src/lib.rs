@@ -21,6 +21,8 @@ pub use error::ProtoError;
 pub use frame::{
     payload_crc, FrameFlags, FrameHeader, FRAME_HEADER_BYTES, PROTOCOL_MAGIC, PROTOCOL_VERSION,
 };
+/// CRC32C, as frames use it (the `hydrant-crc` crate).
+pub use hydrant_crc as crc;
 pub use limits::Limits;
 pub use opcode::Opcode;
 pub use status::{Status, StatusClass};

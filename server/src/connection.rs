@@ -292,7 +292,9 @@ impl HeldBytes {
             }
         }
         let mut crc = 0;
-        self.for_each_slice(range, |slice| crc = crc32c::crc32c_append(crc, slice));
+        self.for_each_slice(range, |slice| {
+            crc = hydrant_proto::crc::crc32c_append(crc, slice)
+        });
         crc
     }
 }

@@ -113,7 +113,7 @@ impl ExternalBuf {
         // process may change the bytes, which can only make the checksum fail.
         let bytes =
             unsafe { std::slice::from_raw_parts((self.address + offset) as *const u8, length) };
-        crc32c::crc32c(bytes)
+        hydrant_crc::crc32c(bytes)
     }
 
     pub(crate) fn as_mut_ptr(&self) -> *mut u8 {

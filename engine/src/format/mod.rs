@@ -40,7 +40,10 @@ pub const PLACEMENT_CRC32C: u32 = 1;
 /// The shard that owns `(bucket, key)` among `shards`: CRC32C of bucket, a zero byte and key.
 /// Written down in the superblock (PLACEMENT_CRC32C) because clients compute it too.
 pub fn shard_of(bucket: &[u8], key: &[u8], shards: usize) -> usize {
-    let hash = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(bucket), &[0]), key);
+    let hash = hydrant_crc::crc32c_append(
+        hydrant_crc::crc32c_append(hydrant_crc::crc32c(bucket), &[0]),
+        key,
+    );
     hash as usize % shards
 }
 
@@ -71,18 +74,20 @@ fn get_u64(block: &[u8], offset: usize) -> u64 {
 /// Seal a block: write the CRC32C of everything before the checksum field into it.
 fn seal_block(block: &mut [u8]) {
     assert_eq!(block.len(), BLOCK_BYTES);
-    let checksum = crc32c::crc32c(&block[..CHECKSUM_OFFSET]);
+    let checksum = hydrant_crc::crc32c(&block[..CHECKSUM_OFFSET]);
     put_u32(block, CHECKSUM_OFFSET, checksum);
 }
 
 fn block_checksum_ok(block: &[u8]) -> bool {
     block.len() >= BLOCK_BYTES
-        && crc32c::crc32c(&block[..CHECKSUM_OFFSET]) == get_u32(block, CHECKSUM_OFFSET)
+        && hydrant_crc::crc32c(&block[..CHECKSUM_OFFSET]) == get_u32(block, CHECKSUM_OFFSET)
 }
 
 /// The CRC32C of each `crc_block_bytes` piece of `data` (the last piece may be shorter).
 pub fn data_checksums(data: &[u8], crc_block_bytes: usize) -> Vec<u32> {
-    data.chunks(crc_block_bytes).map(crc32c::crc32c).collect()
+    data.chunks(crc_block_bytes)
+        .map(hydrant_crc::crc32c)
+        .collect()
 }
 
 /// How many checksummed pieces `data_bytes` of data has.

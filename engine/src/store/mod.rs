@@ -137,7 +137,9 @@ impl ObjectRead {
     pub fn crc(&self) -> u32 {
         let mut joined = crate::crc::Joined::new();
         for part in &self.parts {
-            let crc = part.crc().unwrap_or_else(|| crc32c::crc32c(part.bytes()));
+            let crc = part
+                .crc()
+                .unwrap_or_else(|| hydrant_crc::crc32c(part.bytes()));
             joined.push(crc, part.len as u64);
         }
         joined.crc()
@@ -788,7 +790,7 @@ impl Store {
             )
             .await;
             self.check_read(result, len, region)?;
-            if crc32c::crc32c(&buf.as_slice()[..data_bytes as usize]) != location.first_crc {
+            if hydrant_crc::crc32c(&buf.as_slice()[..data_bytes as usize]) != location.first_crc {
                 return Err(self.checksum_failed(key, record, chunk, "data"));
             }
             return Ok(ReadPart {
@@ -835,7 +837,7 @@ impl Store {
         for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
             let index = first_piece as usize + offset;
             let crc = header.data_crcs[index];
-            if crc32c::crc32c(piece) != crc {
+            if hydrant_crc::crc32c(piece) != crc {
                 return Err(self.checksum_failed(key, record, chunk, "data"));
             }
             joined.push(crc, piece.len() as u64);

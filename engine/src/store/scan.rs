@@ -168,5 +168,5 @@ impl Store {
 fn data_intact(data: &[u8], header: &EntryHeader, crc_block_bytes: u32) -> bool {
     data.chunks(crc_block_bytes as usize)
         .zip(&header.data_crcs)
-        .all(|(piece, crc)| crc32c::crc32c(piece) == *crc)
+        .all(|(piece, crc)| hydrant_crc::crc32c(piece) == *crc)
 }
