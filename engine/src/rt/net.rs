@@ -408,6 +408,10 @@ impl RecvStream {
                 Ok(Received::Ended)
             }
             error if error == -libc::ECANCELED => Ok(Received::Ended),
+            error if error == -libc::EINVAL => {
+                with_reactor(|reactor| reactor.refuse_streams());
+                Ok(Received::Ended)
+            }
             error => Err(io::Error::from_raw_os_error(-error)),
         }
     }

@@ -237,6 +237,8 @@ pub struct Reactor {
     info: ReactorInfo,
     /// The shard's provided receive buffers (`None`: not configured, or refused by the kernel).
     receive: RefCell<Option<ProvidedBuffers>>,
+    /// The kernel refused a multishot receive: plain receives only.
+    streams_refused: Cell<bool>,
 }
 
 impl Reactor {
@@ -276,6 +278,7 @@ impl Reactor {
             completions: RefCell::new(Vec::with_capacity(config.ring_entries as usize)),
             info: ReactorInfo { defer_taskrun },
             receive: RefCell::new(receive),
+            streams_refused: Cell::new(false),
         })
     }
 
@@ -564,6 +567,9 @@ impl Reactor {
     /// Start a multishot receive on `socket` into the provided buffers; `None` without them.
     /// Its completions are taken with `poll_stream`; it ends with a completion without MORE.
     pub(crate) fn start_stream(&self, socket: RawFd) -> Option<usize> {
+        if self.streams_refused.get() {
+            return None;
+        }
         self.receive.borrow_mut().as_mut()?.stats.streams_started += 1;
         let index = self.insert_slot(Slot {
             state: SlotState::Stream {
@@ -622,6 +628,14 @@ impl Reactor {
             .expect("a completion named a provided buffer");
         out[..len].copy_from_slice(buffers.bytes(bid, len));
         buffers.give_back(bid);
+    }
+
+    /// The kernel refused a multishot receive (one older than 6.0 has provided buffers but
+    /// not multishot receives): no more are started on this ring.
+    pub(crate) fn refuse_streams(&self) {
+        if !self.streams_refused.replace(true) {
+            log::info!("multishot receives refused by the kernel; plain receives only");
+        }
     }
 
     /// A receive ended for want of a provided buffer.
