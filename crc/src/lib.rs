@@ -27,24 +27,16 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, data)
 }
 
+pub mod combine;
+
 /// Below this, folding does not pay for itself.
 const FOLD_BYTES_MIN: usize = 256;
 
-/// CRC32C's polynomial without its x^32 term, in normal bit order.
-const POLYNOMIAL: u64 = 0x1EDC_6F41;
-
-/// x^e modulo the polynomial, bit-reflected and shifted left by one: a folding constant.
-const fn fold_constant(e: u32) -> u64 {
-    let mut remainder: u64 = 1;
-    let mut power = 0;
-    while power < e {
-        remainder <<= 1;
-        if remainder & (1 << 32) != 0 {
-            remainder ^= (1 << 32) | POLYNOMIAL;
-        }
-        power += 1;
-    }
-    ((remainder as u32).reverse_bits() as u64) << 1
+/// x^bits modulo the polynomial (bit-reflected, as CRC32C computes), shifted left by one for
+/// the alignment of a carry-less product: a folding constant. `bits` is a multiple of 8.
+const fn fold_constant(bits: u64) -> u64 {
+    assert!(bits.is_multiple_of(8));
+    (combine::shift_of(bits / 8) as u64) << 1
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -7,7 +7,6 @@
 
 pub mod buf;
 mod cache;
-pub mod crc;
 pub mod device;
 mod error;
 pub mod format;

@@ -135,7 +135,7 @@ impl ObjectRead {
     /// The CRC32C of the bytes returned, joined from the checked pieces' CRCs when every part
     /// knows its own (reads of whole pieces: whole objects, aligned ranges); else computed.
     pub fn crc(&self) -> u32 {
-        let mut joined = crate::crc::Joined::new();
+        let mut joined = hydrant_crc::combine::Joined::new();
         for part in &self.parts {
             let crc = part
                 .crc()
@@ -833,7 +833,7 @@ impl Store {
         };
         let header = self.chunk_header(header_bytes, key, record, chunk, data_bytes)?;
         let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
-        let mut joined = crate::crc::Joined::new();
+        let mut joined = hydrant_crc::combine::Joined::new();
         for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
             let index = first_piece as usize + offset;
             let crc = header.data_crcs[index];

@@ -48,7 +48,7 @@ const POWERS: [u32; 64] = {
 };
 
 /// x^(8·bytes) mod P: the factor that shifts a CRC over `bytes` zero bytes.
-fn shift_of(bytes: u64) -> u32 {
+pub(crate) const fn shift_of(bytes: u64) -> u32 {
     let mut factor = ONE;
     let mut bits = bytes;
     let mut k = 3; // 8 = 2^3 bits per byte
