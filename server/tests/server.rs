@@ -905,6 +905,23 @@ fn a_config_file_sets_what_flags_do_not() {
         "{stderr}"
     );
 
+    // Receive buffers that are not a power of two are refused too.
+    let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--receive-buffers",
+            "300",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--receive-buffers must be 0 or a power of two up to 32768, not 300"),
+        "{stderr}"
+    );
+
     std::fs::write(&config, "listen = \"127.0.0.1:0\"\nshard_count = 3\n").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
         .args(["--config", config.to_str().unwrap()])
