@@ -171,9 +171,7 @@ impl EngineConfig {
                 self.io_bytes_in_flight_max
             ));
         }
-        if self.receive_buffers != 0
-            && (!self.receive_buffers.is_power_of_two() || self.receive_buffers > 1 << 15)
-        {
+        if !crate::rt::receive_buffers_valid(self.receive_buffers) {
             return invalid(format!(
                 "receive_buffers must be 0 or a power of two up to 32768, not {}",
                 self.receive_buffers

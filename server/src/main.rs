@@ -355,7 +355,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(count) = arguments.receive_buffers {
-        if count != 0 && (!count.is_power_of_two() || count > 1 << 15) {
+        if !hydrant_engine::rt::receive_buffers_valid(count) {
             eprintln!(
                 "hydrant-server: --receive-buffers must be 0 or a power of two up to 32768, not {count}"
             );

@@ -26,7 +26,7 @@ pub mod time;
 
 pub use executor::current_reactor;
 pub use executor::{block_on, spawn, JoinHandle};
-pub use provided::{ReceiveStats, RECEIVE_BUFFER_BYTES};
+pub use provided::{receive_buffers_valid, ReceiveStats, RECEIVE_BUFFER_BYTES};
 pub use reactor::{
     Reactor, ReactorConfig, ReactorInfo, EXTERNAL_FIXED_SLOTS, IO_BYTES_MAX_DEFAULT,
     RECEIVE_BUFFERS_DEFAULT, STREAM_BUFFERS_UNREAD_MAX, WAITER_PASSES_MAX,

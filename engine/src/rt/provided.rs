@@ -16,6 +16,12 @@ pub const RECEIVE_BUFFER_BYTES: usize = 4096;
 /// The buffer group id of a shard's provided buffers (one group per ring).
 pub(crate) const RECEIVE_GROUP: u16 = 0;
 
+/// Whether `count` provided buffers per shard can be asked for: 0 (none) or a power of two up
+/// to 32768 (the kernel's ring of buffer descriptors).
+pub fn receive_buffers_valid(count: u16) -> bool {
+    count == 0 || (count.is_power_of_two() && count <= 1 << 15)
+}
+
 /// What a shard's provided buffers did, for stats.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReceiveStats {
@@ -47,7 +53,7 @@ pub(crate) struct ProvidedBuffers {
 impl ProvidedBuffers {
     /// Allocate `count` buffers (a power of two, at most 32768) and register them with `ring`.
     pub(crate) fn register(ring: &IoUring, count: u16) -> io::Result<ProvidedBuffers> {
-        if !count.is_power_of_two() || count > 1 << 15 {
+        if count == 0 || !receive_buffers_valid(count) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("receive buffers must be a power of two up to 32768, not {count}"),
