@@ -129,21 +129,11 @@ impl Joined {
 mod tests {
     use super::*;
 
-    fn bytes(count: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed | 1;
-        (0..count)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    }
+    use crate::tests::bytes;
 
     #[test]
     fn joined_parts_give_the_crc_of_the_whole() {
-        let data = bytes(300_000, 7);
+        let data = bytes(7, 300_000);
         for split in [0, 1, 3, 4096, 65_536, 65_537, 299_999, 300_000] {
             let (first, second) = data.split_at(split);
             assert_eq!(
@@ -160,7 +150,7 @@ mod tests {
 
     #[test]
     fn pieces_of_equal_and_odd_lengths_join_in_order() {
-        let data = bytes(1 << 20, 11);
+        let data = bytes(11, 1 << 20);
         for piece in [65_536usize, 4096, 1000, 777_777] {
             let mut joined = Joined::new();
             for part in data.chunks(piece) {

@@ -121,7 +121,8 @@ mod wide {
 mod tests {
     use super::*;
 
-    fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    /// `len` bytes of a xorshift sequence from `seed`.
+    pub(crate) fn bytes(seed: u64, len: usize) -> Vec<u8> {
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {
