@@ -260,7 +260,7 @@ pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
         (
             "hydrant_receive_streams_cut_total",
             "counter",
-            "Multishot receives cancelled because their connection left too many buffers unread.",
+            "Multishot receives cancelled for holding 8 unread buffers (a stalled reader, or a burst).",
             |stats| stats.receive.streams_cut,
         ),
         (

@@ -34,7 +34,8 @@ pub struct ReceiveStats {
     /// Multishot receives that ended because every buffer was lent (the connection went on
     /// with a plain receive).
     pub buffer_shortages: u64,
-    /// Multishot receives cancelled because their connection left too many buffers unread.
+    /// Multishot receives cancelled because their connection left too many buffers unread (it
+    /// stopped reading, or a large frame arrived in one burst).
     pub streams_cut: u64,
 }
 
