@@ -355,11 +355,6 @@ impl RecvStream {
             .map(|index| RecvStream { index: Some(index) })
     }
 
-    /// Whether its last completion was taken (nothing more will come).
-    pub fn is_over(&self) -> bool {
-        self.index.is_none()
-    }
-
     /// Cancel it: the completions already made still come, then `Received::Ended`.
     pub fn cancel(&mut self) {
         if let Some(index) = self.index {
@@ -388,10 +383,7 @@ impl RecvStream {
             self.index = None;
         }
         match result {
-            0 => {
-                self.index = None;
-                Ok(Received::Closed)
-            }
+            0 => Ok(Received::Closed),
             received if received > 0 => {
                 let received = received as usize;
                 let bid = io_uring::cqueue::buffer_select(flags)
