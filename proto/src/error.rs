@@ -30,6 +30,8 @@ pub enum ProtoError {
     PayloadChecksum,
     /// A well-framed extension whose contents are invalid.
     Malformed(&'static str),
+    /// A bucket, key or prefix outside the grammar of `name`.
+    InvalidName(crate::name::NameError),
 }
 
 impl ProtoError {
@@ -79,6 +81,7 @@ impl fmt::Display for ProtoError {
             ProtoError::ExtensionChecksum => write!(formatter, "extension checksum mismatch"),
             ProtoError::PayloadChecksum => write!(formatter, "payload checksum mismatch"),
             ProtoError::Malformed(what) => write!(formatter, "malformed request: {what}"),
+            ProtoError::InvalidName(error) => write!(formatter, "invalid name: {error}"),
         }
     }
 }

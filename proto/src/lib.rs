@@ -14,6 +14,7 @@ mod frame;
 mod limits;
 pub mod local;
 pub mod message;
+pub mod name;
 mod opcode;
 mod status;
 

@@ -2,10 +2,10 @@
 //! an error) and checks names and numbers against the protocol's bounds.
 
 use crate::codec::{Reader, Writer};
+use crate::name::{self, NameError};
 use crate::{Limits, ProtoError};
 
-pub const BUCKET_BYTES_MAX: usize = 63;
-pub const KEY_BYTES_MAX: usize = 1024;
+pub use crate::name::{BUCKET_BYTES_MAX, KEY_BYTES_MAX};
 pub const NONCE_BYTES: usize = 16;
 pub const PROOF_BYTES: usize = 32;
 
@@ -154,25 +154,23 @@ impl Message for HelloResponse {
     }
 }
 
-/// A bucket and a key. The bucket is 1–63 bytes of `a-z 0-9 . - _`; the key 1–1024 bytes of UTF-8
-/// without NUL.
+/// A bucket and a key, each following the grammar of `name`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectName {
     pub bucket: String,
     pub key: String,
 }
 
-fn check_bucket(bucket: &str) -> Result<(), ProtoError> {
-    let valid = !bucket.is_empty()
-        && bucket.len() <= BUCKET_BYTES_MAX
-        && bucket.bytes().all(|byte| {
-            byte.is_ascii_lowercase() || byte.is_ascii_digit() || b".-_".contains(&byte)
-        });
-    if valid {
-        Ok(())
-    } else {
-        Err(ProtoError::Malformed("invalid bucket name"))
-    }
+/// A name field (u16 length, then UTF-8), checked by `check` (see `name`): a name that breaks
+/// the grammar is `InvalidName` (INVALID_KEY to the peer), whatever rule it breaks.
+fn read_name<'a>(
+    reader: &mut Reader<'a>,
+    check: fn(&str) -> Result<(), NameError>,
+) -> Result<&'a str, ProtoError> {
+    let text = std::str::from_utf8(reader.bytes16()?)
+        .map_err(|_| ProtoError::InvalidName(NameError::NotUtf8))?;
+    check(text).map_err(ProtoError::InvalidName)?;
+    Ok(text)
 }
 
 impl ObjectName {
@@ -208,12 +206,8 @@ impl<'a> ObjectNameRef<'a> {
     }
 
     pub fn decode_from(reader: &mut Reader<'a>) -> Result<Self, ProtoError> {
-        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
-        check_bucket(bucket)?;
-        let key = reader.text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?;
-        if key.is_empty() || key.contains('\0') {
-            return Err(ProtoError::Malformed("empty key or key with NUL"));
-        }
+        let bucket = read_name(reader, name::check_bucket)?;
+        let key = read_name(reader, name::check_key)?;
         Ok(ObjectNameRef { bucket, key })
     }
 
@@ -402,18 +396,11 @@ impl Message for ListRequest {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
-        check_bucket(bucket)?;
-        let prefix = reader
-            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
-            .to_string();
+        let bucket = read_name(reader, name::check_bucket)?;
+        let prefix = read_name(reader, name::check_prefix)?.to_string();
         let start_after = match reader.u8()? {
             0 => None,
-            1 => Some(
-                reader
-                    .text16(KEY_BYTES_MAX, "start_after longer than 1024 bytes")?
-                    .to_string(),
-            ),
+            1 => Some(read_name(reader, name::check_prefix)?.to_string()),
             _ => {
                 return Err(ProtoError::Malformed(
                     "start_after marker is neither 0 nor 1",
@@ -456,11 +443,8 @@ impl Message for PrefetchRequest {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
-        check_bucket(bucket)?;
-        let prefix = reader
-            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
-            .to_string();
+        let bucket = read_name(reader, name::check_bucket)?;
+        let prefix = read_name(reader, name::check_prefix)?.to_string();
         let count = reader.u32()? as usize;
         if count > PREFETCH_KEYS_MAX {
             return Err(ProtoError::Malformed(
@@ -469,11 +453,7 @@ impl Message for PrefetchRequest {
         }
         let mut keys = Vec::with_capacity(count.min(reader.remaining() / 2));
         for _ in 0..count {
-            keys.push(
-                reader
-                    .text16(KEY_BYTES_MAX, "key longer than 1024 bytes")?
-                    .to_string(),
-            );
+            keys.push(read_name(reader, name::check_key)?.to_string());
         }
         Ok(PrefetchRequest {
             bucket: bucket.to_string(),
@@ -521,16 +501,13 @@ impl Message for FlushRequest {
     }
 
     fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let bucket = reader.text16(BUCKET_BYTES_MAX, "invalid bucket name")?;
-        let bucket = if bucket.is_empty() {
-            None
-        } else {
-            check_bucket(bucket)?;
-            Some(bucket.to_string())
-        };
-        let prefix = reader
-            .text16(KEY_BYTES_MAX, "prefix longer than 1024 bytes")?
-            .to_string();
+        // An empty bucket: every bucket.
+        let bucket = read_name(reader, |bucket| match bucket {
+            "" => Ok(()),
+            bucket => name::check_bucket(bucket),
+        })?;
+        let bucket = (!bucket.is_empty()).then(|| bucket.to_string());
+        let prefix = read_name(reader, name::check_prefix)?.to_string();
         if bucket.is_none() && !prefix.is_empty() {
             return Err(ProtoError::Malformed("a FLUSH prefix needs a bucket"));
         }

@@ -88,6 +88,7 @@ impl Status {
                 Status::TooLarge
             }
             ProtoError::ExtensionChecksum | ProtoError::PayloadChecksum => Status::ChecksumMismatch,
+            ProtoError::InvalidName(_) => Status::InvalidKey,
             _ => Status::BadRequest,
         }
     }

@@ -248,7 +248,7 @@ fn operations_over_a_real_connection() {
     send(&mut stream, Opcode::Head, 305, &bad_key, &[]);
     assert_eq!(
         status(&receive(&mut stream)),
-        Status::BadRequest,
+        Status::InvalidKey,
         "an empty key"
     );
 }

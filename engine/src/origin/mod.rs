@@ -273,6 +273,9 @@ impl Route {
                 ),
             )
         };
+        // The grammar first (an object recovered from an older store may break it): nothing a
+        // URL parser could read as a dot segment reaches a store.
+        hydrant_proto::name::check_key(key).map_err(|error| refused(error.to_string()))?;
         let path = Path::parse(&full).map_err(|error| refused(error.to_string()))?;
         // Object stores name objects by '/'-separated segments: a key with an empty segment
         // (a leading, trailing or doubled '/') would alias another key.
@@ -301,12 +304,28 @@ impl Route {
 pub struct Origins {
     config: OriginConfig,
     runtime: Option<tokio::runtime::Runtime>,
-    routes: std::sync::Mutex<HashMap<String, Arc<Route>>>,
+    /// The buckets of the configuration, resolved at the start.
+    configured: HashMap<String, Arc<Route>>,
+    /// The default origin's store, opened once: every other bucket is a prefix inside it.
+    default: Option<DefaultOrigin>,
+    /// Routes of default-origin buckets already asked for, at most `DEFAULT_ROUTES_MAX` (a
+    /// client can name any number of buckets; a route forgotten is rebuilt, never wrong).
+    default_routes: std::sync::Mutex<HashMap<String, Arc<Route>>>,
     /// Bytes of dirty objects (and of write-back PUTs admitted but not yet stored), all shards.
     dirty_bytes: AtomicU64,
     /// Set when the budget filled; writers wait until dirty bytes reach the low watermark.
     backpressure: AtomicBool,
     pub(crate) counters: OriginCounters,
+}
+
+/// Routes of default-origin buckets kept for reuse.
+const DEFAULT_ROUTES_MAX: usize = 1024;
+
+/// The default origin, under which bucket `B` is the prefix `B`.
+struct DefaultOrigin {
+    store: Arc<dyn ObjectStore>,
+    prefix: Option<Path>,
+    url: String,
 }
 
 /// Origin traffic since the engine opened.
@@ -348,23 +367,31 @@ impl Origins {
             .enable_all()
             .build()
             .map_err(|error| Error::io("cannot start the origin threads", error))?;
-        let origins = Origins {
+        let mut origins = Origins {
             config,
             runtime: Some(runtime),
-            routes: std::sync::Mutex::new(HashMap::new()),
+            configured: HashMap::new(),
+            default: None,
+            default_routes: std::sync::Mutex::new(HashMap::new()),
             dirty_bytes: AtomicU64::new(0),
             backpressure: AtomicBool::new(false),
             counters: OriginCounters::default(),
         };
-        // Resolve the configured buckets now, so that a bad URL or missing credentials stop
-        // the start instead of the first request.
-        let buckets: Vec<String> = origins.config.buckets.keys().cloned().collect();
-        for bucket in buckets {
-            origins.route(&bucket)?;
+        // Resolve the configured buckets and open the default origin now, so that a bad URL or
+        // missing credentials stop the start instead of the first request.
+        let mut configured = HashMap::new();
+        for (bucket, origin) in &origins.config.buckets {
+            configured.insert(bucket.clone(), Arc::new(origins.resolve(origin)?));
         }
-        if let Some(url) = &origins.config.default_url {
+        origins.configured = configured;
+        if let Some(url) = origins.config.default_url.clone() {
             let _context = origins.runtime().enter();
-            remote::open_store(url, &origins.config)?;
+            let (store, prefix) = remote::open_store(&url, &origins.config)?;
+            origins.default = Some(DefaultOrigin {
+                store,
+                prefix,
+                url: url.trim_end_matches('/').to_string(),
+            });
         }
         Ok(origins)
     }
@@ -373,25 +400,44 @@ impl Origins {
         &self.config
     }
 
-    /// The origin of cache bucket `bucket`, or `None` when it lives on NVMe only.
+    /// The origin of cache bucket `bucket`, or `None` when it lives on NVMe only. A bucket name
+    /// outside the grammar (an object recovered from an older store) has none to go to: it is
+    /// refused, so that nothing can be routed outside its place.
     pub(crate) fn route(&self, bucket: &str) -> Result<Option<Arc<Route>>> {
-        if let Some(route) = self.routes.lock().expect("routes lock").get(bucket) {
+        if let Some(route) = self.configured.get(bucket) {
             return Ok(Some(route.clone()));
         }
-        let origin = match (self.config.buckets.get(bucket), &self.config.default_url) {
-            (Some(origin), _) => origin.clone(),
-            (None, Some(url)) => BucketOrigin {
-                url: format!("{}/{bucket}", url.trim_end_matches('/')),
-                write: self.config.default_write,
-                revalidate: self.config.default_revalidate,
-            },
-            (None, None) => return Ok(None),
+        let Some(default) = &self.default else {
+            return Ok(None);
         };
-        let route = Arc::new(self.resolve(&origin)?);
-        self.routes
-            .lock()
-            .expect("routes lock")
-            .insert(bucket.to_string(), route.clone());
+        hydrant_proto::name::check_bucket(bucket).map_err(|error| {
+            Error::new(
+                ErrorKind::InvalidKey,
+                format!("bucket {bucket:?} cannot be routed to an origin: {error}"),
+            )
+        })?;
+        let mut routes = self.default_routes.lock().expect("routes lock");
+        if let Some(route) = routes.get(bucket) {
+            return Ok(Some(route.clone()));
+        }
+        let prefix = match &default.prefix {
+            Some(prefix) => format!("{prefix}/{bucket}"),
+            None => bucket.to_string(),
+        };
+        let route = Arc::new(Route {
+            store: default.store.clone(),
+            prefix: Some(Path::from(prefix)),
+            write: self.config.default_write,
+            revalidate: self.config.default_revalidate,
+            url: format!("{}/{bucket}", default.url),
+            listing_sorted: !default.url.starts_with("file://"),
+        });
+        if routes.len() >= DEFAULT_ROUTES_MAX {
+            if let Some(victim) = routes.keys().next().cloned() {
+                routes.remove(&victim);
+            }
+        }
+        routes.insert(bucket.to_string(), route.clone());
         Ok(Some(route))
     }
 

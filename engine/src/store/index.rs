@@ -2,6 +2,8 @@
 
 use std::collections::{BinaryHeap, HashMap};
 
+use hydrant_proto::name;
+
 use crate::format::{BUCKET_BYTES_MAX, KEY_BYTES_MAX};
 use crate::{Error, ErrorKind, Result};
 
@@ -11,43 +13,18 @@ use crate::{Error, ErrorKind, Result};
 pub struct ObjectKey(Box<[u8]>);
 
 impl ObjectKey {
-    /// Validate and join. A bucket is 1–63 bytes of `a-z 0-9 . - _`; a key is 1–1024 bytes of
-    /// UTF-8 without NUL.
+    /// Validate and join, by the one grammar of names (`hydrant_proto::name`: no dot or empty
+    /// segments, no NUL, S3-like bucket names).
     pub fn new(bucket: &str, key: &str) -> Result<ObjectKey> {
-        validate_bucket(bucket)?;
-        if key.is_empty() {
-            return Err(Error::new(
-                ErrorKind::InvalidKey,
-                "an object key cannot be empty",
-            ));
-        }
-        if key.len() > KEY_BYTES_MAX {
-            return Err(Error::new(
-                ErrorKind::InvalidKey,
-                format!(
-                    "an object key is at most {KEY_BYTES_MAX} bytes; this one is {}",
-                    key.len()
-                ),
-            ));
-        }
-        if key.contains('\0') {
-            return Err(Error::new(
-                ErrorKind::InvalidKey,
-                "an object key cannot contain a NUL byte",
-            ));
-        }
+        name::check_bucket(bucket).map_err(invalid_name)?;
+        name::check_key(key).map_err(invalid_name)?;
         Ok(Self::join(bucket, key))
     }
 
     /// A bucket and a prefix of keys (possibly empty), for listing.
     pub fn prefix(bucket: &str, prefix: &str) -> Result<ObjectKey> {
-        validate_bucket(bucket)?;
-        if prefix.len() > KEY_BYTES_MAX {
-            return Err(Error::new(
-                ErrorKind::InvalidKey,
-                "a key prefix is at most 1024 bytes",
-            ));
-        }
+        name::check_bucket(bucket).map_err(invalid_name)?;
+        name::check_prefix(prefix).map_err(invalid_name)?;
         Ok(Self::join(bucket, prefix))
     }
 
@@ -64,13 +41,8 @@ impl ObjectKey {
     pub(crate) fn from_parts(bucket: &[u8], key: &[u8]) -> Option<ObjectKey> {
         let bucket = std::str::from_utf8(bucket).ok()?;
         let key = std::str::from_utf8(key).ok()?;
-        match key.split_once('\0') {
-            None => ObjectKey::new(bucket, key).ok(),
-            Some((parent, _)) => {
-                ObjectKey::new(bucket, parent).ok()?;
-                Some(Self::join(bucket, key))
-            }
-        }
+        let parent = key.split_once('\0').map_or(key, |(parent, _)| parent);
+        acceptable_on_device(bucket, parent).then(|| Self::join(bucket, key))
     }
 
     /// The key under which chunk `chunk` of version `version_tag` of a large origin object is
@@ -123,17 +95,21 @@ impl ObjectKey {
     }
 }
 
-fn validate_bucket(bucket: &str) -> Result<()> {
-    let valid_bytes = bucket
-        .bytes()
-        .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || b".-_".contains(&byte));
-    if bucket.is_empty() || bucket.len() > BUCKET_BYTES_MAX || !valid_bytes {
-        return Err(Error::new(
-            ErrorKind::InvalidKey,
-            format!("bucket name {bucket:?} is not 1-{BUCKET_BYTES_MAX} characters of a-z, 0-9, '.', '-', '_'"),
-        ));
-    }
-    Ok(())
+fn invalid_name(error: name::NameError) -> Error {
+    Error::new(ErrorKind::InvalidKey, error.to_string())
+}
+
+/// Names as an older store may hold them (before the grammar of `hydrant_proto::name`): a
+/// bucket of `a-z 0-9 . - _` and a key without NUL, each within the format's bounds. Recovery
+/// keeps such objects (nothing written is dropped); clients cannot name them and origins
+/// refuse to route them (see `Origins::route` and `Route::path`).
+fn acceptable_on_device(bucket: &str, key: &str) -> bool {
+    let bucket_ok = !bucket.is_empty()
+        && bucket.len() <= BUCKET_BYTES_MAX
+        && bucket.bytes().all(|byte| {
+            byte.is_ascii_lowercase() || byte.is_ascii_digit() || b".-_".contains(&byte)
+        });
+    bucket_ok && !key.is_empty() && key.len() <= KEY_BYTES_MAX && !key.contains('\0')
 }
 
 /// Where one chunk's entry lives: a region of this shard and a block within it, plus the

@@ -1,0 +1,388 @@
+//! What the whole-system tests of the server share: the real `hydrant-server` process, raw
+//! frames built with hydrant-proto, a local S3-compatible server (moto's), and the server's RSS.
+#![allow(dead_code)] // each test file uses a part of this
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hydrant_proto::message::{HelloRequest, HelloResponse, Message};
+use hydrant_proto::{FrameHeader, Limits, Opcode, Status, FRAME_HEADER_BYTES};
+
+/// A scratch folder under the target directory, empty, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).unwrap();
+        Scratch(directory)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `hydrant-server`, killed when dropped.
+pub struct ServerProcess {
+    pub child: Child,
+    pub address: String,
+}
+
+impl ServerProcess {
+    /// The server on `directory/data.hyd` of `data_mib` MiB with two shards, plus `extra` flags
+    /// and environment.
+    pub fn start(directory: &Path, data_mib: u64, extra: &[&str], env: &[(&str, String)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hydrant-server"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
+            .arg("--data")
+            .arg(format!(
+                "{}:{data_mib}MiB",
+                directory.join("data.hyd").display()
+            ))
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("start hydrant-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
+            .to_string();
+        ServerProcess { child, address }
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(&self.address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        stream
+    }
+
+    /// A connection that said HELLO.
+    pub fn greeted(&self) -> TcpStream {
+        let mut stream = self.connect();
+        hello(&mut stream);
+        stream
+    }
+
+    /// A blocking client that does not retry, so that each call sees the server's own answer.
+    pub fn client(&self) -> hydrant_client::Client {
+        let config = hydrant_client::ClientConfig::new(std::slice::from_ref(&self.address))
+            .connect_timeout(Duration::from_secs(60))
+            .request_timeout(Duration::from_secs(60))
+            .retries_max(0);
+        hydrant_client::Client::with_config(config).unwrap()
+    }
+
+    /// A gauge or counter summed over the server's metrics (STATS).
+    pub fn metric(&self, name: &str) -> u64 {
+        let (_, text) = self.client().stats().unwrap().remove(0);
+        text.lines()
+            .filter(|line| line.split([' ', '{']).next() == Some(name))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The server's resident memory now.
+    pub fn resident_bytes(&self) -> u64 {
+        resident_bytes(self.child.id())
+    }
+
+    /// SIGKILL, and wait until the process is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// VmRSS of a process, in bytes.
+pub fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/PID/status");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+pub fn frame(opcode: Opcode, request_id: u64, extension: &[u8], payload: &[u8]) -> Vec<u8> {
+    let crc = if payload.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(payload)
+    };
+    let header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(extension);
+    frame.extend_from_slice(payload);
+    frame
+}
+
+pub fn send(
+    stream: &mut TcpStream,
+    opcode: Opcode,
+    request_id: u64,
+    extension: &[u8],
+    payload: &[u8],
+) {
+    stream
+        .write_all(&frame(opcode, request_id, extension, payload))
+        .unwrap();
+}
+
+pub struct Response {
+    pub header: FrameHeader,
+    pub extension: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+impl Response {
+    pub fn status(&self) -> Status {
+        Status::from_byte(self.header.status).unwrap()
+    }
+
+    pub fn message(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+}
+
+pub fn receive(stream: &mut TcpStream) -> Response {
+    let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header_bytes).unwrap();
+    let limits = Limits {
+        payload_bytes_max: 1 << 30,
+        ..Limits::default()
+    };
+    let header = FrameHeader::decode(&header_bytes, &limits).expect("a valid response header");
+    let mut extension = vec![0; header.extension_len as usize];
+    stream.read_exact(&mut extension).unwrap();
+    header.check_extension(&extension).unwrap();
+    let mut payload = vec![0; header.payload_len as usize];
+    stream.read_exact(&mut payload).unwrap();
+    let crc = if payload.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(&payload)
+    };
+    header.check_payload_crc(crc).unwrap();
+    Response {
+        header,
+        extension,
+        payload,
+    }
+}
+
+/// One request and its answer on a greeted connection.
+pub fn call(stream: &mut TcpStream, opcode: Opcode, extension: &[u8], payload: &[u8]) -> Response {
+    send(stream, opcode, 7, extension, payload);
+    let response = receive(stream);
+    assert_eq!(response.header.request_id, 7);
+    response
+}
+
+pub fn hello(stream: &mut TcpStream) -> HelloResponse {
+    let request = HelloRequest {
+        version_min: 1,
+        version_max: 1,
+        limits: Limits::default(),
+        client_nonce: [1; 16],
+        proof: None,
+    };
+    send(stream, Opcode::Hello, 1, &request.encode(), &[]);
+    let response = receive(stream);
+    assert_eq!(response.status(), Status::Ok);
+    HelloResponse::decode(&response.extension).unwrap()
+}
+
+/// Deterministic bytes that differ per seed and per offset.
+pub fn object_bytes(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut data = Vec::with_capacity(length + 8);
+    while data.len() < length {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        data.extend_from_slice(&state.to_le_bytes());
+    }
+    data.truncate(length);
+    data
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Wait until `condition` holds (at most 60 s).
+pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A local S3-compatible server: the one CI started (`HYDRANT_TEST_S3_ENDPOINT`), or a
+/// `moto_server` of our own.
+pub struct S3Server {
+    pub endpoint: String,
+    child: Option<Child>,
+}
+
+impl S3Server {
+    pub fn start() -> S3Server {
+        if let Ok(endpoint) = std::env::var("HYDRANT_TEST_S3_ENDPOINT") {
+            return S3Server {
+                endpoint: endpoint.trim_end_matches('/').to_string(),
+                child: None,
+            };
+        }
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("no S3 server: set HYDRANT_TEST_S3_ENDPOINT or install moto (pip install 'moto[server]')");
+        let address = format!("127.0.0.1:{port}");
+        eventually("moto_server to start", || {
+            TcpStream::connect(&address).is_ok()
+        });
+        S3Server {
+            endpoint: format!("http://{address}"),
+            child: Some(child),
+        }
+    }
+
+    pub fn address(&self) -> String {
+        self.endpoint.trim_start_matches("http://").to_string()
+    }
+
+    /// One plain HTTP request (moto accepts unsigned ones); the whole answer.
+    pub fn http(&self, method: &str, path: &str) -> String {
+        let mut stream = TcpStream::connect(self.address()).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.address()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// Create `bucket`, emptied of what an earlier run left.
+    pub fn create_bucket(&self, bucket: &str) {
+        let answer = self.http("PUT", &format!("/{bucket}"));
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "create bucket: {answer}"
+        );
+        for key in self.list(bucket) {
+            self.with_bucket(bucket, |store| async move {
+                use object_store::ObjectStoreExt;
+                store.delete(&key.as_str().into()).await.unwrap()
+            });
+        }
+    }
+
+    /// Run `work` with a signed client of `bucket` (not through hydrant).
+    fn with_bucket<T, F>(
+        &self,
+        bucket: &str,
+        work: impl FnOnce(object_store::aws::AmazonS3) -> F,
+    ) -> T
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(work(store))
+    }
+
+    /// Put an object straight into the S3 server.
+    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) {
+        let payload = object_store::PutPayload::from(data.to_vec());
+        self.with_bucket(bucket, |store| async move {
+            use object_store::ObjectStoreExt;
+            store.put(&key.into(), payload).await.unwrap()
+        });
+    }
+
+    /// Every key in `bucket`, in order.
+    pub fn list(&self, bucket: &str) -> Vec<String> {
+        self.with_bucket(bucket, |store| async move {
+            use futures::StreamExt;
+            let mut listing = object_store::ObjectStore::list(&store, None);
+            let mut keys = Vec::new();
+            while let Some(meta) = listing.next().await {
+                keys.push(meta.unwrap().location.to_string());
+            }
+            keys.sort();
+            keys
+        })
+    }
+
+    /// The environment a hydrant-server needs to use this S3 server as its origin.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
