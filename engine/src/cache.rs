@@ -19,7 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::buf::ExternalBuf;
-use crate::origin::read::{version_tag, Reads, DISCOVER};
+use crate::origin::read::{version_tag, Reads, Watch, DISCOVER};
 use crate::origin::remote::{self, Condition, Fetch};
 use crate::origin::writeback::{Upload, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
@@ -661,6 +661,9 @@ impl Cache {
         let seen = origin.reads.last_seen(key);
         let path = route.path(key.key())?;
         let origins = origin.origins.clone();
+        // What the origin says is remembered only if no write or delete of the key began
+        // meanwhile (it may predate one).
+        let watch = origin.reads.watch(key);
         if self
             .store
             .head(key)
@@ -673,7 +676,7 @@ impl Cache {
                 (Some(found), Some(seen)) => found.etag.is_some() && *found == *seen,
                 _ => false,
             };
-            if same {
+            if same && watch.unchanged() {
                 origin.reads.confirm(key);
                 return Ok(Revalidated::Current);
             }
@@ -717,13 +720,15 @@ impl Cache {
                 data,
             } => {
                 if version.bytes > chunk_bytes {
-                    origin.reads.remember(key, version);
+                    if watch.unchanged() {
+                        origin.reads.remember(key, version);
+                    }
                     self.drop_copy(key, seq).await?;
                     return Ok(Revalidated::ReadThrough);
                 }
                 let read = answer(&version, 0, &data, range)?;
                 let _guard = self.locks.lock(key).await;
-                if stored_seq(&self.store, key) == Some(seq) {
+                if stored_seq(&self.store, key) == Some(seq) && watch.unchanged() {
                     origin.reads.remember(key, version);
                     self.store.put(key.clone(), &data, false).await?;
                 }
@@ -942,8 +947,10 @@ impl Cache {
         let route = route.clone();
         let key = key.clone();
         let version = version.cloned();
-        // What the key holds now: a flight's data is admitted only if this is still so.
+        // What the key holds now, and whether it is written or deleted from now on: a flight's
+        // data is admitted only if it still holds that and nothing changed it.
         let seen_seq = stored_seq(&store, &key);
+        let watch = reads.watch(&key);
         async move {
             let path = path?;
             let (range, condition) = match &version {
@@ -974,6 +981,7 @@ impl Cache {
             };
             let admitted_reads = reads.clone();
             let admitted_key = key.clone();
+            let flight_watch = watch.clone();
             let admit = move |fetched: Rc<Fetch>| async move {
                 let admitting = Admission {
                     store: &store,
@@ -982,11 +990,14 @@ impl Cache {
                     admission: &admission,
                     key: &admitted_key,
                     seen_seq,
+                    watch: &watch,
                     chunk_bytes,
                 };
                 admitting.admit(&fetched).await;
             };
-            reads.coalesced((key, chunk), fetch, admit).await
+            reads
+                .coalesced((key, chunk), flight_watch, fetch, admit)
+                .await
         }
     }
 
@@ -1005,12 +1016,16 @@ impl Cache {
             None => {
                 let path = route.path(key.key())?;
                 let origins = origin.origins.clone();
+                let watch = origin.reads.watch(key);
                 let found = origins
                     .run(remote::head(origins.clone(), route.clone(), path))
                     .await?;
+                // What a HEAD racing a write or delete saw may be older than it: not kept.
                 match &found {
-                    Some(version) => origin.reads.remember(key, version.clone()),
-                    None => origin.reads.forget(key),
+                    Some(version) if watch.unchanged() => {
+                        origin.reads.remember(key, version.clone())
+                    }
+                    _ => origin.reads.forget(key),
                 }
                 found
             }
@@ -1057,6 +1072,8 @@ impl Cache {
         let Some((origin, route)) = self.route(&key)? else {
             return self.store.put(key, &data, false).await;
         };
+        // From now until the answer, origin reads of the key are not admitted.
+        let _change = origin.reads.change(&key);
         let path = route.path(key.key())?;
         match route.write {
             WriteMode::ReadOnly => Err(read_only(&key, &route)),
@@ -1131,6 +1148,8 @@ impl Cache {
         let Some((origin, route)) = self.route(&key)? else {
             return self.store.delete(key).await;
         };
+        // From now until the answer, origin reads of the key are not admitted.
+        let _change = origin.reads.change(&key);
         if route.write == WriteMode::ReadOnly {
             return Err(read_only(&key, &route));
         }
@@ -1257,14 +1276,20 @@ struct Admission<'a> {
     key: &'a ObjectKey,
     /// The key's version on NVMe when the origin read started.
     seen_seq: Option<u64>,
+    /// Whether the key was written or deleted since the origin read started.
+    watch: &'a Watch,
     chunk_bytes: u64,
 }
 
 impl Admission<'_> {
-    /// A small object whole under its key (only if no write or delete of the key happened
-    /// since the read started), a chunk of a large one under its chunk key. A failed admission
+    /// A small object whole under its key, a chunk of a large one under its chunk key; only if
+    /// no write or delete of the key began since the read started (else the bytes may predate
+    /// an acknowledged write, and neither they nor their version are kept). A failed admission
     /// is logged; the readers already have their data.
     async fn admit(&self, fetched: &Fetch) {
+        if !self.watch.unchanged() {
+            return;
+        }
         let Fetch::Data {
             version,
             start,
@@ -1286,7 +1311,7 @@ impl Admission<'_> {
         }
         let outcome = if version.bytes <= self.chunk_bytes {
             let _guard = self.locks.lock(self.key).await;
-            if stored_seq(self.store, self.key) != self.seen_seq {
+            if stored_seq(self.store, self.key) != self.seen_seq || !self.watch.unchanged() {
                 return; // written, deleted or admitted since: this data is not the newest
             }
             self.reads.remember(self.key, version.clone());

@@ -22,11 +22,13 @@ pub(crate) struct Known {
 }
 
 /// One origin read in flight (or just finished and being admitted), shared by every reader of
-/// its chunk.
-#[derive(Default)]
+/// its chunk that arrives while its key has not changed.
 struct Flight {
     done: RefCell<Option<FlightOutcome>>,
     waiters: WaitQueue,
+    /// Whether the key was written or deleted since the read started: then its bytes may be
+    /// older than that write, and a reader arriving later starts a read of its own.
+    watch: Watch,
 }
 
 /// A finished flight: the origin's answer, or the error (kind and message) every waiter gets.
@@ -41,6 +43,9 @@ pub(crate) type FlightKey = (ObjectKey, u64);
 pub(crate) const DISCOVER: u64 = 0;
 
 pub(crate) struct Reads {
+    /// Keys with a write or delete in progress or a watch on them (at most the requests and
+    /// origin reads in flight): how many times each was changed.
+    changes: RefCell<HashMap<ObjectKey, KeyChanges, foldhash::fast::RandomState>>,
     known: RefCell<HashMap<ObjectKey, Known, foldhash::fast::RandomState>>,
     known_max: usize,
     flights: RefCell<HashMap<FlightKey, Rc<Flight>, foldhash::fast::RandomState>>,
@@ -52,6 +57,7 @@ pub(crate) struct Reads {
 impl Reads {
     pub fn new(known_max: usize) -> Reads {
         Reads {
+            changes: RefCell::default(),
             known: RefCell::default(),
             known_max,
             flights: RefCell::default(),
@@ -124,13 +130,64 @@ impl Reads {
         self.flights.borrow().contains_key(flight)
     }
 
+    /// A watch on `key`: it tells later whether the key was written or deleted since now (or
+    /// was being written now). What an origin read finds may be remembered or admitted only if
+    /// not: a DELETE or PUT acknowledged meanwhile must never be undone by older origin bytes.
+    pub fn watch(self: &Rc<Self>, key: &ObjectKey) -> Watch {
+        let mut changes = self.changes.borrow_mut();
+        let entry = changes.entry(key.clone()).or_default();
+        entry.holders += 1;
+        Watch {
+            reads: self.clone(),
+            key: key.clone(),
+            generation: entry.generation,
+            clean_at_start: entry.changing == 0,
+        }
+    }
+
+    /// A write or delete of `key` begins; it ends when the guard is dropped (after its answer
+    /// is decided). Every watch of the key taken before it ends sees a change.
+    pub fn change(self: &Rc<Self>, key: &ObjectKey) -> Change {
+        let mut changes = self.changes.borrow_mut();
+        let entry = changes.entry(key.clone()).or_default();
+        entry.holders += 1;
+        entry.changing += 1;
+        entry.generation += 1;
+        Change {
+            reads: self.clone(),
+            key: key.clone(),
+        }
+    }
+
+    /// Keys watched or being changed now (bounded by what is in flight).
+    #[cfg(test)]
+    fn changes_tracked(&self) -> usize {
+        self.changes.borrow().len()
+    }
+
+    fn release(&self, key: &ObjectKey, changed: bool) {
+        let mut changes = self.changes.borrow_mut();
+        let entry = changes.get_mut(key).expect("a held key is tracked");
+        entry.holders -= 1;
+        if changed {
+            entry.changing -= 1;
+            entry.generation += 1;
+        }
+        if entry.holders == 0 {
+            changes.remove(key);
+        }
+    }
+
     /// The outcome of origin read `flight`: started now as a task of its own (`fetch`, then
-    /// `admit` with its answer) unless one is already running, in which case this waits for
-    /// that one. The flight stays visible until `admit` finishes, so readers arriving while the
-    /// data is being written to NVMe take it from memory instead of asking the origin again.
+    /// `admit` with its answer) unless one is already running for a key unchanged since it
+    /// started, in which case this waits for that one. `watch` is the key's, taken before the
+    /// read was decided on. The flight stays visible until `admit` finishes, so readers
+    /// arriving while the data is being written to NVMe take it from memory instead of asking
+    /// the origin again.
     pub async fn coalesced<F, FetchFuture, A, AdmitFuture>(
         self: &Rc<Self>,
         flight: FlightKey,
+        watch: Watch,
         fetch: F,
         admit: A,
     ) -> Result<Rc<Fetch>>
@@ -140,11 +197,22 @@ impl Reads {
         A: FnOnce(Rc<Fetch>) -> AdmitFuture + 'static,
         AdmitFuture: Future<Output = ()> + 'static,
     {
-        let existing = self.flights.borrow().get(&flight).cloned();
+        let existing = self
+            .flights
+            .borrow()
+            .get(&flight)
+            .filter(|shared| shared.watch.unchanged())
+            .cloned();
         let shared = match existing {
             Some(shared) => shared,
             None => {
-                let shared = Rc::new(Flight::default());
+                let shared = Rc::new(Flight {
+                    done: RefCell::new(None),
+                    waiters: WaitQueue::new(),
+                    watch,
+                });
+                // A flight of a key changed since it started is replaced: it finishes for its
+                // own readers and then leaves the table only if it is still the one there.
                 self.flights
                     .borrow_mut()
                     .insert(flight.clone(), shared.clone());
@@ -164,7 +232,13 @@ impl Reads {
                     if let Ok(fetched) = outcome {
                         admit(fetched).await;
                     }
-                    reads.flights.borrow_mut().remove(&flight);
+                    let mut flights = reads.flights.borrow_mut();
+                    if flights
+                        .get(&flight)
+                        .is_some_and(|current| Rc::ptr_eq(current, &running))
+                    {
+                        flights.remove(&flight);
+                    }
                 });
                 shared
             }
@@ -175,6 +249,72 @@ impl Reads {
             }
             shared.waiters.wait().await;
         }
+    }
+}
+
+/// How often a key was changed, while anything watches it or changes it.
+#[derive(Default)]
+struct KeyChanges {
+    /// Raised when a change begins and when it ends.
+    generation: u64,
+    /// Changes in progress.
+    changing: u32,
+    /// Watches and changes holding this entry.
+    holders: u32,
+}
+
+/// See `Reads::watch`.
+pub(crate) struct Watch {
+    reads: Rc<Reads>,
+    key: ObjectKey,
+    generation: u64,
+    clean_at_start: bool,
+}
+
+impl Watch {
+    /// No write or delete of the key was in progress when the watch began, none began since.
+    pub fn unchanged(&self) -> bool {
+        self.clean_at_start
+            && self
+                .reads
+                .changes
+                .borrow()
+                .get(&self.key)
+                .is_some_and(|entry| entry.generation == self.generation)
+    }
+}
+
+impl Clone for Watch {
+    fn clone(&self) -> Watch {
+        let mut changes = self.reads.changes.borrow_mut();
+        changes
+            .get_mut(&self.key)
+            .expect("a watched key is tracked")
+            .holders += 1;
+        Watch {
+            reads: self.reads.clone(),
+            key: self.key.clone(),
+            generation: self.generation,
+            clean_at_start: self.clean_at_start,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.reads.release(&self.key, false);
+    }
+}
+
+/// See `Reads::change`.
+pub(crate) struct Change {
+    reads: Rc<Reads>,
+    key: ObjectKey,
+}
+
+impl Drop for Change {
+    fn drop(&mut self) {
+        self.reads.release(&self.key, true);
     }
 }
 
@@ -191,4 +331,36 @@ pub(crate) fn version_tag(version: &OriginVersion) -> u64 {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_sees_changes_that_began_before_or_during_it_and_nothing_stays_tracked() {
+        let reads = Rc::new(Reads::new(16));
+        let key = ObjectKey::new("b", "k").unwrap();
+        let other = ObjectKey::new("b", "other").unwrap();
+        let quiet = reads.watch(&key);
+        assert!(quiet.unchanged());
+        let copy = quiet.clone();
+        {
+            let _other = reads.change(&other);
+            assert!(quiet.unchanged(), "another key's change is not this key's");
+        }
+        let change = reads.change(&key);
+        assert!(!quiet.unchanged() && !copy.unchanged());
+        let during = reads.watch(&key);
+        assert!(
+            !during.unchanged(),
+            "a change in progress when the watch began"
+        );
+        drop(change);
+        assert!(!during.unchanged() && !quiet.unchanged());
+        let after = reads.watch(&key);
+        assert!(after.unchanged());
+        drop((quiet, copy, during, after));
+        assert_eq!(reads.changes_tracked(), 0);
+    }
 }
