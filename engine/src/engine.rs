@@ -8,7 +8,7 @@ use crate::cache::{Cache, CacheRead};
 use crate::device::{Device, DeviceConfig};
 use crate::format::{
     Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
-    PLACEMENT_CRC32C, REGIONS_OFFSET_BYTES, REGION_BYTES_MAX, SUPERBLOCK_OFFSETS,
+    FORMAT_VERSION, PLACEMENT_CRC32C, REGIONS_OFFSET_BYTES, REGION_BYTES_MAX, SUPERBLOCK_OFFSETS,
 };
 use crate::origin::{OriginConfig, OriginStats, Origins};
 use crate::rt::channel;
@@ -400,6 +400,7 @@ fn format_devices(devices: &[Device], layout: &Layout) -> Result<Vec<Superblock>
     for (position, device) in devices.iter().enumerate() {
         let region_count = (device.bytes() - REGIONS_OFFSET_BYTES) / layout.region_bytes;
         superblocks.push(Superblock {
+            format_version: FORMAT_VERSION,
             device_bytes: device.bytes(),
             region_bytes: layout.region_bytes,
             regions_offset: REGIONS_OFFSET_BYTES,
@@ -429,6 +430,30 @@ fn format_devices(devices: &[Device], layout: &Layout) -> Result<Vec<Superblock>
         );
     }
     Ok(superblocks)
+}
+
+/// Rewrite the superblocks of devices formatted with an older version that this build reads
+/// (both copies, each made durable, before anything else is written): from now on the store may
+/// hold entries that an older build does not know, and such a build must refuse it. A crash
+/// between the copies leaves one copy of each version; the first valid one (the new) wins.
+fn upgrade_format(devices: &[Device], superblocks: Vec<Superblock>) -> Result<Vec<Superblock>> {
+    let mut upgraded = Vec::with_capacity(superblocks.len());
+    for (device, mut superblock) in devices.iter().zip(superblocks) {
+        if superblock.format_version < FORMAT_VERSION {
+            let from = superblock.format_version;
+            superblock.format_version = FORMAT_VERSION;
+            let block = superblock.encode();
+            for offset in SUPERBLOCK_OFFSETS {
+                device.write_durable(offset, &block)?;
+            }
+            log::info!(
+                "{}: upgraded the store from format version {from} to {FORMAT_VERSION}",
+                device.path().display()
+            );
+        }
+        upgraded.push(superblock);
+    }
+    Ok(upgraded)
 }
 
 /// Regions of `shard` on each device: a contiguous share of every device.
@@ -534,7 +559,7 @@ impl Engine {
             ));
         } else {
             check_formatted(&config, &devices, &formatted)?;
-            formatted
+            upgrade_format(&devices, formatted)?
         };
         let first = &superblocks[0];
         let geometry = Geometry {

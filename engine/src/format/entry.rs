@@ -4,7 +4,8 @@
 //! offset size field
 //!      0    4 magic "HENT"
 //!      4    1 kind                1 = chunk, 2 = tombstone, 3 = seal (end of the region's log),
-//!                                 4 = clean (the version in object_bytes is at the origin)
+//!                                 4 = clean (the version in object_bytes is at the origin),
+//!                                 5 = void (the version in object_bytes failed; format 2)
 //!      5    1 flags               bit 0 = dirty (not yet at the origin)
 //!      6    1 bucket_len          <= 63
 //!      7    1 etag_len            <= 64
@@ -15,7 +16,7 @@
 //!     20    4 data_bytes          bytes of data following this header (this chunk)
 //!     24    8 seq                 object version: per-shard sequence number of the put/delete
 //!     32    8 region_seq          the region header this entry was written under
-//!     40    8 object_bytes        size of the whole object version (clean: the seq it marks)
+//!     40    8 object_bytes        size of the whole object version (clean, void: the seq it marks)
 //!     48   64 etag                origin ETag (etag_len bytes used)
 //!    112    . bucket, then key, then crc_count little-endian u32 CRC32C of the data pieces
 //!   4092    4 crc32c of bytes 0..4092
@@ -55,6 +56,9 @@ pub enum EntryKind {
     Seal = 3,
     /// The version whose seq is in `object_bytes` was written back to the origin.
     Clean = 4,
+    /// The version whose seq is in `object_bytes` failed and was never acknowledged: it must
+    /// not be recovered, even if all its chunks are on the device (format version 2).
+    Void = 5,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +148,7 @@ impl EntryHeader {
             2 => EntryKind::Tombstone,
             3 => EntryKind::Seal,
             4 => EntryKind::Clean,
+            5 => EntryKind::Void,
             _ => return None,
         };
         let bucket_len = block[BUCKET_LEN_OFFSET] as usize;

@@ -18,7 +18,12 @@ pub use superblock::{Superblock, SuperblockProblem};
 
 /// The unit of the format: every structure and every entry starts on a multiple of it.
 pub const BLOCK_BYTES: usize = 4096;
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes. Version 2 adds the void marker (an entry kind version 1 does
+/// not know); a version 1 store is read as it is and upgraded when opened (its superblocks
+/// rewritten), so that an older build refuses it instead of misreading a void marker.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this build reads.
+pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Where the two superblock copies live.
 pub const SUPERBLOCK_OFFSETS: [u64; 2] = [0, 64 * 1024];
 /// Regions start here; the space before holds the superblocks.

@@ -45,6 +45,9 @@ const _: () = assert!(END_OFFSET == 96 && END_OFFSET <= CHECKSUM_OFFSET);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format version the device was written with (`FORMAT_VERSION` for new ones; `encode`
+    /// always writes `FORMAT_VERSION`).
+    pub format_version: u32,
     pub device_bytes: u64,
     pub region_bytes: u64,
     pub regions_offset: u64,
@@ -107,10 +110,13 @@ impl Superblock {
             return Err(SuperblockProblem::Corrupt);
         }
         let version = get_u32(block, VERSION_OFFSET);
-        if version != FORMAT_VERSION || get_u32(block, BLOCK_BYTES_OFFSET) != BLOCK_BYTES as u32 {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version)
+            || get_u32(block, BLOCK_BYTES_OFFSET) != BLOCK_BYTES as u32
+        {
             return Err(SuperblockProblem::Version(version));
         }
         Ok(Superblock {
+            format_version: version,
             device_bytes: get_u64(block, DEVICE_BYTES_OFFSET),
             region_bytes: get_u64(block, REGION_BYTES_OFFSET),
             regions_offset: get_u64(block, REGIONS_OFFSET_OFFSET),
@@ -135,6 +141,7 @@ mod tests {
 
     fn sample() -> Superblock {
         Superblock {
+            format_version: FORMAT_VERSION,
             device_bytes: 1 << 30,
             region_bytes: 64 << 20,
             regions_offset: REGIONS_OFFSET_BYTES,

@@ -162,6 +162,8 @@ pub struct Counters {
     pub checksum_errors: u64,
     /// Entries written again because reclaim took their region before their operation finished.
     pub rewrites: u64,
+    /// Failed puts and deletes whose entries were voided (so that recovery ignores them).
+    pub voided: u64,
     /// Found while recovering: entry headers that failed their checksum and were skipped.
     pub damaged_headers: u64,
     /// Found while recovering: the tail region ended in an entry that was not fully written.
@@ -1081,8 +1083,68 @@ impl Store {
             ))
         }
         .await;
+        let result = match result {
+            Err(error) if versioned == Versioned::Yes => Err(self.void(key, seq, error).await),
+            other => other,
+        };
         self.finish_operation(key, seq, result.is_ok() && versioned == Versioned::Yes);
         result
+    }
+
+    /// A put or delete that failed after placing its entries (`NoSpace` after its rewrite
+    /// rounds, say) may still have every entry on the device, and its seq is newer than
+    /// versions acknowledged before or after it: a void marker (made durable before the error
+    /// is answered) keeps recovery from bringing it back. After an I/O error nothing more can
+    /// be written and the outcome is unknown (`StoreFailed`, until the store is reopened); a
+    /// marker that cannot be written stops the store the same way, rather than answer an error
+    /// for a write that may come back.
+    async fn void(&self, key: &ObjectKey, seq: u64, error: Error) -> Error {
+        if self.failure.borrow().is_some() {
+            return error;
+        }
+        let header = EntryHeader {
+            kind: EntryKind::Void,
+            flags: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            data_bytes: 0,
+            seq: 0,
+            region_seq: 0,
+            object_bytes: seq,
+            etag: Vec::new(),
+            bucket: key.bucket_bytes().to_vec(),
+            key: key.key_bytes().to_vec(),
+            data_crcs: Vec::new(),
+        };
+        // The marker comes after every entry of the version in the log, so it is reclaimed
+        // only once they are gone (reclaim takes the oldest region first and never moves
+        // entries the index does not hold).
+        let written = async {
+            let placed = self.write_entry(header, &[]).await?;
+            self.wait_earlier_writes(placed.location.region as usize, placed.offset())
+                .await;
+            self.make_durable().await
+        }
+        .await;
+        self.count(|counters| counters.voided += 1);
+        match written {
+            Ok(()) => error,
+            Err(_) if self.failure.borrow().is_some() => self.writable().unwrap_err(),
+            Err(void_error) => {
+                let reason = format!(
+                    "{}/{} version {seq} failed ({error}) and could not be voided ({void_error})",
+                    key.bucket(),
+                    key.key()
+                );
+                log::error!(
+                    "shard {}: {reason}; refusing writes until reopened",
+                    self.shard
+                );
+                self.failure.borrow_mut().get_or_insert(reason);
+                self.region_idle.wake_all();
+                self.writable().unwrap_err()
+            }
+        }
     }
 
     fn begin_operation(&self, key: &ObjectKey) -> u64 {

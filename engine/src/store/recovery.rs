@@ -5,8 +5,8 @@
 //! newer region was opened); the newest region is scanned verifying every entry's data, and
 //! ends at the first entry that does not check out. A seal is then written at that end so that
 //! a later recovery never reads past it. For every key the newest version whose chunks are all
-//! present and that no newer tombstone deletes is indexed; it is dirty unless a clean marker
-//! names it.
+//! present, that no newer tombstone deletes and that no void marker names is indexed; it is
+//! dirty unless a clean marker names it.
 
 use std::collections::HashMap;
 
@@ -31,6 +31,8 @@ struct KeyHistory {
     tombstone: u64,
     /// Versions marked clean (written back to the origin) after they were written dirty.
     cleaned: Vec<u64>,
+    /// Versions whose operation failed after writing them (void markers).
+    voided: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -52,6 +54,7 @@ impl IndexBuilder {
             EntryKind::Tombstone => history.tombstone = history.tombstone.max(header.seq),
             EntryKind::Seal => {}
             EntryKind::Clean => history.cleaned.push(header.object_bytes),
+            EntryKind::Void => history.voided.push(header.object_bytes),
             EntryKind::Chunk => {
                 let chunk_count = header.object_bytes.div_ceil(chunk_bytes as u64).max(1);
                 let chunk_start = header.chunk_index as u64 * chunk_bytes as u64;
@@ -100,7 +103,9 @@ impl IndexBuilder {
                 .versions
                 .into_iter()
                 .filter(|version| {
-                    version.seq > history.tombstone && version.chunks.iter().all(Option::is_some)
+                    version.seq > history.tombstone
+                        && version.chunks.iter().all(Option::is_some)
+                        && !history.voided.contains(&version.seq)
                 })
                 .max_by_key(|version| version.seq);
             if let Some(version) = newest {
