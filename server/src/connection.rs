@@ -134,8 +134,9 @@ struct Connection {
     outbox_bytes: Cell<usize>,
     outbox_changed: WaitQueue,
     reading_done: Cell<bool>,
-    /// When a frame last arrived or an answer was last sent (for the idle timeout).
-    last_activity: Cell<Instant>,
+    /// When bytes last arrived or an answer was last sent (for the idle timeout): every
+    /// receive counts, so a large PUT that arrives slowly is not cut off mid-stream.
+    last_activity: Rc<Cell<Instant>>,
     /// Requests being worked on: a permit each.
     in_flight: Rc<Semaphore>,
     /// Woken when reading is done, so that the deadline watcher stops early.
@@ -454,6 +455,8 @@ fn out_frame(
 /// was free, or the connection left too many unread).
 struct Input {
     socket: RawFd,
+    /// The connection's last activity, set by every receive that brings bytes.
+    last_activity: Rc<Cell<Instant>>,
     /// `None` only while a plain receive holds it.
     buf: Option<IoBuf>,
     start: usize,
@@ -468,9 +471,10 @@ struct Input {
 const STREAM_BYTES_MAX: usize = 64 * 1024;
 
 impl Input {
-    fn new(socket: RawFd) -> Input {
+    fn new(socket: RawFd, last_activity: Rc<Cell<Instant>>) -> Input {
         Input {
             socket,
+            last_activity,
             buf: Some(IoBuf::heap(RECEIVE_BYTES_MIN)),
             start: 0,
             stream: None,
@@ -570,6 +574,9 @@ impl Input {
                     received?
                 }
             };
+            if received > 0 {
+                self.last_activity.set(time::now_coarse());
+            }
             if received == 0 {
                 if buffered == 0 {
                     return Ok(false);
@@ -620,7 +627,7 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
         outbox_bytes: Cell::new(0),
         outbox_changed: WaitQueue::new(),
         reading_done: Cell::new(false),
-        last_activity: Cell::new(Instant::now()),
+        last_activity: Rc::new(Cell::new(Instant::now())),
         in_flight: in_flight.clone(),
         closed: WaitQueue::new(),
         answer_budget: Rc::new(AnswerBudget::new()),
@@ -628,7 +635,7 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
     spawn(watch_deadlines(connection.clone(), fd));
-    let mut input = Input::new(fd);
+    let mut input = Input::new(fd, connection.last_activity.clone());
     if let Err(error) = read_loop(&connection, &mut input, &in_flight).await {
         log::debug!("connection closed: {error}");
     }
