@@ -37,7 +37,7 @@ use hydrant_proto::local::{
 };
 use hydrant_proto::Status;
 
-use crate::connection::engine_failure;
+use crate::connection::requests::engine_failure;
 use crate::metrics::{
     self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGIONS_REGISTERED, LOCAL_REGION_BYTES,
 };
