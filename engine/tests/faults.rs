@@ -695,13 +695,11 @@ async fn final_reopen(state: &mut SeedState) -> Result<(), String> {
     verify(state, &store).await?;
     let key = state.seed as usize % KEYS;
     state.next_id += 1;
+    let (id, bytes) = (state.seed << 24 | state.next_id, 5000);
     let version = Version::Put {
-        id: state.seed << 24 | state.next_id,
-        bytes: 5000,
+        id,
+        bytes,
         dirty: true,
-    };
-    let Version::Put { id, bytes, .. } = version else {
-        unreachable!()
     };
     let put = store.put(key_of(key), &pattern(id, bytes), true).await;
     if let Err(error) = &put {
@@ -709,21 +707,30 @@ async fn final_reopen(state: &mut SeedState) -> Result<(), String> {
             state.note(format!("the store is full: {error}"));
             return Ok(());
         }
-        // KNOWN (fixed in the next commit): ordinary appends used up the free regions that
-        // reclaim relocates into, and with none left reclaim can never run again.
-        if error.kind() == ErrorKind::NoSpace && store.stats().regions_free == 0 {
+        // KNOWN, left for a fix of the store: an I/O error in the middle of a reclaim whose
+        // relocations had opened the last free region (a failed read of the victim, or a failed
+        // write or flush after the new region's header) leaves no free region, and the oldest
+        // region still holds live dirty entries. Reclaim then has nowhere to move them, so
+        // every write gets NoSpace, after any number of reopens (seeds 41 and 196). Tolerated
+        // only where the workload saw a fault.
+        if error.kind() == ErrorKind::NoSpace
+            && store.stats().regions_free == 0
+            && state.fault_fired
+        {
             state.wedged = true;
-            state.note(format!("KNOWN: wedged with no free region: {error}"));
+            state.note(format!(
+                "KNOWN: no free region left after a failed reclaim: {error}"
+            ));
             return Ok(());
         }
     }
     put.map_err(|error| {
-            let stats = store.stats();
-            format!(
-                "a put after the clean reopen failed: {error} ({} objects, {} bytes, {} of {} regions free)",
-                stats.objects, stats.object_bytes, stats.regions_free, stats.regions
-            )
-        })?;
+        let stats = store.stats();
+        format!(
+            "a put after the clean reopen failed: {error} ({} objects, {} bytes, {} of {} regions free)",
+            stats.objects, stats.object_bytes, stats.regions_free, stats.regions
+        )
+    })?;
     match read_version(&store, key, &[version]).await? {
         Ok(Some(found)) if found == version => {}
         other => {
@@ -836,7 +843,7 @@ struct Totals {
     acknowledged: u64,
     indeterminate: u64,
     refused: u64,
-    wedged: u64,
+    wedged: Vec<u64>,
     no_space: u64,
 }
 
@@ -851,7 +858,9 @@ impl Totals {
         self.acknowledged += state.acknowledged;
         self.indeterminate += state.indeterminate;
         self.refused += state.refused;
-        self.wedged += u64::from(state.wedged);
+        if state.wedged {
+            self.wedged.push(state.seed);
+        }
         self.no_space += state.no_space;
     }
 }
@@ -891,7 +900,7 @@ fn every_acknowledged_operation_survives_device_faults() {
     let mut summary = String::new();
     let _ = write!(
         summary,
-        "{} seeds: fault fired in {}, store failed in {}, {} power cuts, {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate ({} of them NoSpace), {} refused; {} wedged",
+        "{} seeds: fault fired in {}, store failed in {}, {} power cuts, {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate ({} of them NoSpace), {} refused; no free region after a failed reclaim (KNOWN) in seeds {:?}",
         totals.seeds,
         totals.faults_fired,
         totals.stores_failed,
