@@ -63,6 +63,8 @@ struct KeyModel {
     /// Outcomes of operations that failed after it: each may or may not have happened, and
     /// the later of two that both happened wins.
     indeterminate: Vec<Version>,
+    /// Those of them that failed with NoSpace.
+    no_space: Vec<Version>,
     /// A clean version may be evicted by reclaim: the key may read as absent.
     evicted_maybe: bool,
 }
@@ -72,6 +74,7 @@ impl KeyModel {
         KeyModel {
             acknowledged: Version::Absent,
             indeterminate: Vec::new(),
+            no_space: Vec::new(),
             evicted_maybe: false,
         }
     }
@@ -79,6 +82,7 @@ impl KeyModel {
     fn acknowledge(&mut self, version: Version) {
         self.acknowledged = version;
         self.indeterminate.clear();
+        self.no_space.clear();
         self.evicted_maybe = matches!(version, Version::Put { dirty: false, .. });
     }
 
@@ -246,18 +250,28 @@ async fn read_version(
             "key-{key}: the read's joined CRC is not its bytes' CRC"
         ));
     }
-    for &candidate in candidates {
-        if let Version::Put { id, bytes, dirty } = candidate {
-            if data.len() == bytes && read.bytes == bytes as u64 && data == pattern(id, bytes) {
-                if read.dirty != dirty {
-                    return Err(format!(
-                        "key-{key}: version {id} reads back with dirty = {}, written with {dirty}",
-                        read.dirty
-                    ));
-                }
-                return Ok(Ok(Some(candidate)));
+    // Versions with the same bytes (empty objects) are told apart by their dirty flag only.
+    let same_bytes: Vec<Version> = candidates
+        .iter()
+        .copied()
+        .filter(|candidate| match *candidate {
+            Version::Put { id, bytes, .. } => {
+                data.len() == bytes && read.bytes == bytes as u64 && data == pattern(id, bytes)
             }
-        }
+            Version::Absent => false,
+        })
+        .collect();
+    if let Some(&found) = same_bytes
+        .iter()
+        .find(|candidate| matches!(candidate, Version::Put { dirty, .. } if *dirty == read.dirty))
+    {
+        return Ok(Ok(Some(found)));
+    }
+    if !same_bytes.is_empty() {
+        return Err(format!(
+            "key-{key}: reads back as {same_bytes:?} but with dirty = {}",
+            read.dirty
+        ));
     }
     Err(format!(
         "key-{key}: read {} bytes (object of {}, seq {}) that are none of the versions it may hold: {candidates:?}",
@@ -286,6 +300,11 @@ struct SeedState {
     wedged: bool,
     /// Writes that failed with NoSpace (treated as indeterminate).
     no_space: u64,
+    /// Failed writes whose outcome a reopen found (those that failed with NoSpace apart).
+    failed_found: u64,
+    failed_found_no_space: u64,
+    /// Sectors the power cut put back to their old bytes.
+    sectors_lost: u64,
 }
 
 impl SeedState {
@@ -539,6 +558,7 @@ fn check_write(
         Some(error) => {
             if error.kind() == ErrorKind::NoSpace {
                 state.no_space += 1;
+                state.keys[key].no_space.push(version);
             }
             state.indeterminate += 1;
             state.keys[key].indeterminate.push(version);
@@ -672,8 +692,17 @@ async fn verify(state: &mut SeedState, store: &Store) -> Result<(), String> {
             ));
         }
         let model = &mut state.keys[key];
+        if found != model.acknowledged && model.indeterminate.contains(&found) {
+            if model.no_space.contains(&found) {
+                state.failed_found_no_space += 1;
+            } else {
+                state.failed_found += 1;
+            }
+        }
+        let model = &mut state.keys[key];
         model.acknowledged = found;
         model.indeterminate.clear();
+        model.no_space.clear();
         model.evicted_maybe = false;
     }
     let stats = store.stats();
@@ -780,6 +809,9 @@ fn run_seed(seed: u64, directory: &Path) -> (SeedState, Result<(), String>) {
         reclaims: 0,
         wedged: false,
         no_space: 0,
+        failed_found: 0,
+        failed_found_no_space: 0,
+        sectors_lost: 0,
     };
     let outcome = sessions(state);
     let _ = std::fs::remove_file(&path);
@@ -805,6 +837,7 @@ fn sessions(state: SeedState) -> (SeedState, Result<(), String>) {
             .lose_unflushed(seed ^ 0x0C07, state.plan.sector_bytes)
             .expect("write the power cut's losses");
         state.note(format!("power cut lost {loss:?}"));
+        state.sectors_lost = loss.sectors_lost;
     }
     if let Some(fault) = state.plan.recovery_fault {
         let (returned, result) = on_shard(seed, move || async move {
@@ -845,6 +878,9 @@ struct Totals {
     refused: u64,
     wedged: Vec<u64>,
     no_space: u64,
+    failed_found: u64,
+    failed_found_no_space: u64,
+    sectors_lost: u64,
 }
 
 impl Totals {
@@ -862,6 +898,9 @@ impl Totals {
             self.wedged.push(state.seed);
         }
         self.no_space += state.no_space;
+        self.failed_found += state.failed_found;
+        self.failed_found_no_space += state.failed_found_no_space;
+        self.sectors_lost += state.sectors_lost;
     }
 }
 
@@ -900,16 +939,19 @@ fn every_acknowledged_operation_survives_device_faults() {
     let mut summary = String::new();
     let _ = write!(
         summary,
-        "{} seeds: fault fired in {}, store failed in {}, {} power cuts, {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate ({} of them NoSpace), {} refused; no free region after a failed reclaim (KNOWN) in seeds {:?}",
+        "{} seeds: fault fired in {}, store failed in {}, {} power cuts ({} sectors lost), {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate ({} of them NoSpace; found done after reopen: {} and {} NoSpace), {} refused; no free region after a failed reclaim (KNOWN) in seeds {:?}",
         totals.seeds,
         totals.faults_fired,
         totals.stores_failed,
         totals.power_cuts,
+        totals.sectors_lost,
         totals.recovery_faults,
         totals.with_reclaim,
         totals.acknowledged,
         totals.indeterminate,
         totals.no_space,
+        totals.failed_found,
+        totals.failed_found_no_space,
         totals.refused,
         totals.wedged
     );
@@ -920,5 +962,8 @@ fn every_acknowledged_operation_survives_device_faults() {
         assert!(totals.stores_failed * 10 >= totals.seeds * 3, "{summary}");
         assert!(totals.with_reclaim * 10 >= totals.seeds * 3, "{summary}");
         assert!(totals.indeterminate > 0 && totals.refused > 0, "{summary}");
+        // Failed operations came out both ways, and power cuts did lose writes.
+        assert!(totals.failed_found > 0, "{summary}");
+        assert!(totals.sectors_lost > 0, "{summary}");
     }
 }
