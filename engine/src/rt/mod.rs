@@ -14,9 +14,12 @@
 //!   the kernel fills the shard's provided buffers as bytes arrive, with no submission per
 //!   request. A receive that leaves `STREAM_BUFFERS_UNREAD_MAX` buffers unread is cancelled, one
 //!   that finds none free ends, and its connection goes on with a plain receive.
+//! - [`fault`] is a faulty device for tests (failed, torn and lost writes, failed reads and
+//!   flushes, a device that stops); with no plan installed, device operations pass it by.
 
 pub mod channel;
 mod executor;
+pub mod fault;
 pub mod net;
 pub mod op;
 mod provided;

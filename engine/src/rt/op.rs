@@ -1,6 +1,8 @@
 //! I/O operations as futures. Each one moves its buffer into the reactor's table of operations
 //! in flight; the buffer comes back with the result. If the future is dropped first, the table
 //! keeps the buffer until the kernel's completion arrives (see `Reactor::abandon_slot`).
+//!
+//! Device operations consult [`super::fault`] first: inert outside fault tests.
 
 use std::future::Future;
 use std::io;
@@ -11,6 +13,7 @@ use std::task::{Context, Poll};
 use io_uring::{opcode, squeue, types};
 
 use super::executor::with_reactor;
+use super::fault;
 pub(crate) use super::reactor::{Keep, Vectored};
 use crate::buf::{ExternalBuf, IoBuf};
 
@@ -165,6 +168,9 @@ pub async fn read_at(
         "read of {len} bytes into a {}-byte buffer",
         buf.capacity()
     );
+    if let Err(error) = fault::before_read() {
+        return (Err(error), buf);
+    }
     let length = u32::try_from(len).expect("one read is under 4 GiB");
     let entry = read_entry(file, buf.as_mut_ptr(), length, buf.fixed_index(), offset);
     let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
@@ -183,6 +189,7 @@ pub async fn read_at(
 /// read). The buffer is held by the ring until
 /// the completion arrives, so its owner outlives the kernel's access even if this is dropped.
 pub async fn read_at_external(file: FileRef, buf: ExternalBuf, offset: u64) -> io::Result<usize> {
+    fault::before_read()?;
     let pointer = buf.as_mut_ptr();
     let length = u32::try_from(buf.len()).expect("one read is under 4 GiB");
     let entry = read_entry(file, pointer, length, buf.fixed_slot(), offset);
@@ -199,6 +206,9 @@ pub async fn read_vectored_at(
     external: ExternalBuf,
     offset: u64,
 ) -> (io::Result<usize>, IoBuf) {
+    if let Err(error) = fault::before_read() {
+        return (Err(error), buf);
+    }
     let first = buf.capacity();
     let length = u32::try_from(first + external.len()).expect("one read is under 4 GiB");
     let iovecs = [
@@ -237,6 +247,10 @@ pub async fn read_vectored_at(
 
 /// Write the first `buf.len()` bytes of `buf` at `offset`. A short write is an error.
 pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>, IoBuf) {
+    let ticket = match fault::before_write(file, offset, buf.as_slice()) {
+        Ok(ticket) => ticket,
+        Err(error) => return (Err(error), buf),
+    };
     let pointer = buf.as_ptr();
     let length = u32::try_from(buf.len()).expect("one write is under 4 GiB");
     let entry = match (file, buf.fixed_index()) {
@@ -258,6 +272,7 @@ pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>
             .build(),
     };
     let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
+    fault::after_write(ticket);
     let buf = into_buf(keep);
     let result = match result {
         Ok(written) if written == length => Ok(()),
@@ -272,11 +287,14 @@ pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>
 
 /// Make every completed write to `file` durable (fdatasync).
 pub async fn sync_data(file: FileRef) -> io::Result<()> {
+    let ticket = fault::before_flush(file)?;
     let entry = match file {
         FileRef::Fixed(fixed) => opcode::Fsync::new(types::Fixed(fixed)),
         FileRef::Raw(fd) => opcode::Fsync::new(types::Fd(fd)),
     }
     .flags(types::FsyncFlags::DATASYNC)
     .build();
-    Op::new(entry, Keep::Nothing, 0).await.0.map(|_| ())
+    let result = Op::new(entry, Keep::Nothing, 0).await.0.map(|_| ());
+    fault::after_flush(ticket, result.is_ok());
+    result
 }

@@ -17,10 +17,25 @@ use crate::rt::op::{read_at, write_at};
 use crate::{Error, ErrorKind, Result};
 
 use super::index::{ObjectKey, RECORD_FLAG_VISITED};
-use super::scan::ScanMode;
+use super::scan::{ScanMode, ScannedEntry};
 use super::{Store, FREE_REGIONS_RESERVE};
 
 const RECLAIM_PASSES_MAX: u32 = 2;
+
+/// Free regions that only reclaim may open: its relocations need somewhere to go. Appends that
+/// took the last one (when reclaim was deferred) left a store that could never reclaim again,
+/// before or after a reopen, whatever share of it was live.
+const FREE_REGIONS_FOR_RECLAIM: usize = 1;
+
+/// A live entry of a region being reclaimed.
+struct LiveEntry {
+    key: ObjectKey,
+    /// Visited or dirty: moved rather than evicted.
+    keep: bool,
+    /// An operation in progress replaces its version.
+    superseded: bool,
+    dirty: bool,
+}
 
 enum Reclaimed {
     Freed,
@@ -76,8 +91,22 @@ impl Store {
                 result?;
                 continue; // reclaim may have opened a region with room
             }
+            let free = self.log.borrow().free.len();
+            if !self.reclaiming.get() && free <= FREE_REGIONS_FOR_RECLAIM {
+                return Err(self.kept_for_reclaim());
+            }
             self.open_next_region().await?;
         }
+    }
+
+    fn kept_for_reclaim(&self) -> Error {
+        Error::new(
+            ErrorKind::NoSpace,
+            format!(
+                "shard {} keeps its last free region for reclaim, which could not make room now (what is left is pinned, or an operation in progress replaces a dirty version in the oldest region); retry later",
+                self.shard
+            ),
+        )
     }
 
     fn try_place(&self, bytes: u64) -> Option<Place> {
@@ -197,43 +226,32 @@ impl Store {
         let scan = self
             .scan_region(victim, region_seq, ScanMode::Sealed)
             .await?;
+        // A version that an operation in progress supersedes: a clean one is not worth moving.
+        // A dirty one may not be dropped (the operation may still fail) nor moved (its copy
+        // would land after the newer entry in the log, and outlive it once that entry's region
+        // is reclaimed): leave this region until the operation is done. Decided before anything
+        // is moved, so that a deferred reclaim has not used up free space for nothing. No
+        // operation begins meanwhile (reclaim holds the allocation section), so no entry
+        // becomes superseded while the others are moved.
+        let deferred = scan.entries.iter().any(|entry| {
+            self.live_entry(victim, entry)
+                .is_some_and(|live| live.superseded && live.dirty)
+        });
+        if deferred {
+            return Ok(Reclaimed::Deferred);
+        }
         let mut relocated: Vec<ObjectKey> = Vec::new();
         for entry in scan.entries {
-            if entry.header.kind != EntryKind::Chunk {
-                continue; // tombstones, seals and clean markers die with their region
-            }
-            let Some(key) = ObjectKey::from_parts(&entry.header.bucket, &entry.header.key) else {
+            let Some(live) = self.live_entry(victim, &entry) else {
                 continue;
             };
-            let block = (entry.offset / BLOCK_BYTES as u64) as u32;
-            let (live, keep) = {
-                let index = self.index.borrow();
-                match index.get(&key) {
-                    Some(record) if record.seq == entry.header.seq => {
-                        let location = record.chunks.get(entry.header.chunk_index as usize);
-                        let here = location.region as usize == victim && location.block == block;
-                        (here, record.dirty() || record.visited())
-                    }
-                    _ => (false, false),
-                }
-            };
-            if !live {
-                continue;
-            }
-            // A version that an operation in progress supersedes: a clean one is not worth
-            // moving. A dirty one may not be dropped (the operation may still fail) nor moved
-            // (its copy would land after the newer entry in the log, and outlive it once that
-            // entry's region is reclaimed): leave this region until the operation is done.
-            let superseded = self
-                .pending
-                .borrow()
-                .get(&key)
-                .is_some_and(|pending| pending.newest_started > entry.header.seq);
-            let dirty = entry.header.flags & crate::format::ENTRY_FLAG_DIRTY != 0;
-            if superseded && dirty {
-                self.clear_visited(relocated);
-                return Ok(Reclaimed::Deferred);
-            }
+            let LiveEntry {
+                key,
+                keep,
+                superseded,
+                dirty,
+            } = live;
+            assert!(!(superseded && dirty), "checked before the first move");
             let moved = if keep && !superseded {
                 self.relocate(victim, entry.offset, entry.header.clone(), &key)
                     .await?
@@ -269,6 +287,38 @@ impl Store {
         self.write_block(victim, 0, buf).await?;
         self.count(|counters| counters.reclaims += 1);
         Ok(Reclaimed::Freed)
+    }
+
+    /// What reclaim must know of `entry` of `victim`, if the index still points at it (tombstones,
+    /// seals and clean markers are never live: they die with their region).
+    fn live_entry(&self, victim: usize, entry: &ScannedEntry) -> Option<LiveEntry> {
+        if entry.header.kind != EntryKind::Chunk {
+            return None;
+        }
+        let key = ObjectKey::from_parts(&entry.header.bucket, &entry.header.key)?;
+        let block = (entry.offset / BLOCK_BYTES as u64) as u32;
+        let keep = {
+            let index = self.index.borrow();
+            let record = index
+                .get(&key)
+                .filter(|record| record.seq == entry.header.seq)?;
+            let location = record.chunks.get(entry.header.chunk_index as usize);
+            if location.region as usize != victim || location.block != block {
+                return None;
+            }
+            record.dirty() || record.visited()
+        };
+        let superseded = self
+            .pending
+            .borrow()
+            .get(&key)
+            .is_some_and(|pending| pending.newest_started > entry.header.seq);
+        Some(LiveEntry {
+            key,
+            keep,
+            superseded,
+            dirty: entry.header.flags & crate::format::ENTRY_FLAG_DIRTY != 0,
+        })
     }
 
     /// Moved objects start a new round: their visited bits are cleared (SIEVE).
