@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::ops::Bound;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -69,7 +70,9 @@ impl WriteBack {
     }
 
     /// Up to `limit` of `found(key)` for the dirty keys under `prefix` after `start_after`, in
-    /// key order, skipping keys for which `found` gives nothing.
+    /// key order, skipping keys for which `found` gives nothing. The walk starts at the page's
+    /// first key, so it costs the page (plus the skipped keys: those deleted while their
+    /// upload waits in the queue), not the dirty keys before it.
     pub fn pending_keys<T>(
         &self,
         prefix: &ObjectKey,
@@ -77,11 +80,15 @@ impl WriteBack {
         limit: usize,
         found: impl Fn(&ObjectKey) -> Option<T>,
     ) -> Vec<T> {
+        // Every key after a `start_after` below the prefix is at or after the prefix.
+        let first = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
         self.pending
             .borrow()
-            .range(prefix.clone()..)
+            .range::<ObjectKey, _>((first, Bound::Unbounded))
             .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
-            .filter(|(key, _)| start_after.is_none_or(|after| *key > after))
             .filter_map(|(key, _)| found(key))
             .take(limit)
             .collect()
@@ -298,4 +305,82 @@ async fn read_part(cache: &Cache, upload: &Upload, start: u64, end: u64) -> Resu
         ));
     }
     Ok(Some(Bytes::from(read.to_vec())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn queued(keys: &[(&str, &str)]) -> WriteBack {
+        let writes = WriteBack::default();
+        for (seq, (bucket, key)) in keys.iter().enumerate() {
+            writes.enqueue(Upload {
+                key: ObjectKey::new(bucket, key).unwrap(),
+                seq: seq as u64 + 1,
+                bytes: 1,
+                attempts: 0,
+            });
+        }
+        writes
+    }
+
+    fn page(writes: &WriteBack, prefix: &str, after: Option<&str>, limit: usize) -> Vec<String> {
+        let prefix = ObjectKey::prefix("a", prefix).unwrap();
+        let after = after.map(|after| ObjectKey::new("a", after).unwrap());
+        writes.pending_keys(&prefix, after.as_ref(), limit, |key| {
+            Some(key.key().to_string())
+        })
+    }
+
+    #[test]
+    fn pending_pages_keep_to_their_bucket_prefix_and_start() {
+        let writes = queued(&[
+            ("a", "x/1"),
+            ("a", "x/2"),
+            ("a", "x/3"),
+            ("a", "y"),
+            ("ab", "x/0"),
+            ("ab", "x/9"),
+        ]);
+        assert_eq!(page(&writes, "", None, 10), ["x/1", "x/2", "x/3", "y"]);
+        assert_eq!(page(&writes, "x/", None, 2), ["x/1", "x/2"]);
+        assert_eq!(page(&writes, "x/", Some("x/2"), 10), ["x/3"]);
+        assert_eq!(page(&writes, "x/", Some("w"), 10), ["x/1", "x/2", "x/3"]);
+        assert!(page(&writes, "x/", Some("x/3"), 10).is_empty());
+        assert!(page(&writes, "x/", Some("z"), 10).is_empty());
+        assert_eq!(
+            page(&writes, "", Some("x/3"), 10),
+            ["y"],
+            "bucket ab is not part of a"
+        );
+    }
+
+    #[test]
+    fn a_pending_page_skips_keys_the_store_no_longer_holds() {
+        let names: Vec<String> = (0..1000).map(|index| format!("k{index:04}")).collect();
+        let keys: Vec<(&str, &str)> = names.iter().map(|name| ("a", name.as_str())).collect();
+        let writes = queued(&keys);
+        let looked_up = Cell::new(0);
+        let after = ObjectKey::new("a", "k0900").unwrap();
+        let listed = writes.pending_keys(
+            &ObjectKey::prefix("a", "k").unwrap(),
+            Some(&after),
+            10,
+            |key| {
+                looked_up.set(looked_up.get() + 1);
+                // Every other key is gone from the store (deleted while its upload waits).
+                let index: usize = key.key()[1..].parse().unwrap();
+                index.is_multiple_of(2).then(|| key.key().to_string())
+            },
+        );
+        assert_eq!(listed.first().map(String::as_str), Some("k0902"));
+        assert_eq!(listed.len(), 10);
+        assert_eq!(
+            looked_up.get(),
+            20,
+            "looked up from k0901 until the page is full"
+        );
+    }
 }
