@@ -206,6 +206,15 @@ pub struct Placed {
 enum Got {
     Parts(PartsRead),
     Placed(DirectRead),
+    /// Not read: the answer would hold this many bytes, more than the caller has room for.
+    Sized(u64),
+}
+
+/// An answer to `get_parts_within`: the bytes, or how many there would be when that is more
+/// than the caller has room for (nothing was read beyond what told the size).
+pub enum Within {
+    Read(PartsRead),
+    Sized(u64),
 }
 
 /// An answer to `get_parts`: like `CacheRead`, with the bytes where the read left them.
@@ -412,10 +421,33 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Option<PartsRead>> {
-        Ok(self.get_to(key, range, None).await?.map(|got| match got {
-            Got::Parts(read) => read,
-            Got::Placed(_) => unreachable!("nothing is placed without a target"),
-        }))
+        Ok(self
+            .get_to(key, range, None, None)
+            .await?
+            .map(|got| match got {
+                Got::Parts(read) => read,
+                Got::Placed(_) | Got::Sized(_) => unreachable!("nothing placed, no bound"),
+            }))
+    }
+
+    /// Like `get_parts`, but an answer of more than `bytes_max` bytes read through from the
+    /// origin is not read: its size comes back instead, once the origin told it (objects on
+    /// NVMe are read whatever their size: callers bound those by the size the index knows).
+    /// A server reserves room for an answer before its bytes are held.
+    pub async fn get_parts_within(
+        &self,
+        key: &ObjectKey,
+        range: Option<ByteRange>,
+        bytes_max: u64,
+    ) -> Result<Option<Within>> {
+        Ok(self
+            .get_to(key, range, None, Some(bytes_max))
+            .await?
+            .map(|got| match got {
+                Got::Parts(read) => Within::Read(read),
+                Got::Sized(bytes) => Within::Sized(bytes),
+                Got::Placed(_) => unreachable!("nothing is placed without a target"),
+            }))
     }
 
     /// Like `get`, into `target` (a same-host client's region): data on NVMe lands there by
@@ -456,7 +488,7 @@ impl Cache {
                 }));
             }
         }
-        let Some(got) = self.get_to(key, range, Some(target)).await? else {
+        let Some(got) = self.get_to(key, range, Some(target), None).await? else {
             return Ok(None);
         };
         Ok(Some(match got {
@@ -470,6 +502,7 @@ impl Cache {
                 from_origin: false,
                 copied_bytes: 0,
             },
+            Got::Sized(_) => unreachable!("no bound on a read into a target"),
             Got::Parts(read) => {
                 let len = read.data.len();
                 let written = len <= target.len();
@@ -499,6 +532,7 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
         target: Option<&ExternalBuf>,
+        bytes_max: Option<u64>,
     ) -> Result<Option<Got>> {
         let Some((origin, route)) = self.route(key)? else {
             return self.get_stored(key, range, target).await;
@@ -524,8 +558,12 @@ impl Cache {
                     continue; // deleted or evicted meanwhile
                 }
             }
-            match self.read_through(origin, &route, key, range).await? {
+            match self
+                .read_through(origin, &route, key, range, bytes_max)
+                .await?
+            {
                 Through::Read(read) => return Ok(Some(Got::Parts(PartsRead::owned(read)))),
+                Through::Sized(bytes) => return Ok(Some(Got::Sized(bytes))),
                 Through::NotFound => return Ok(None),
                 Through::Changed => origin.reads.forget(key),
             }
@@ -758,6 +796,7 @@ impl Cache {
         route: &Arc<Route>,
         key: &ObjectKey,
         range: Option<ByteRange>,
+        bytes_max: Option<u64>,
     ) -> Result<Through> {
         let chunk_bytes = self.chunk_bytes();
         let mut discovered = None;
@@ -769,6 +808,10 @@ impl Cache {
                 let fetched = self.fetch_chunk(origin, route, key, DISCOVER, None).await?;
                 match &*fetched {
                     Fetch::Data { version, data, .. } => {
+                        let (start, end) = resolve_range(range, version.bytes)?;
+                        if bytes_max.is_some_and(|bytes_max| end - start > bytes_max) {
+                            return Ok(Through::Sized(end - start));
+                        }
                         if version.bytes <= chunk_bytes || data_covers(range, data.len() as u64) {
                             return Ok(Through::Read(answer(version, 0, data, range)?));
                         }
@@ -782,6 +825,9 @@ impl Cache {
             }
         };
         let (start, end) = resolve_range(range, version.bytes)?;
+        if bytes_max.is_some_and(|bytes_max| end - start > bytes_max) {
+            return Ok(Through::Sized(end - start));
+        }
         if end - start > ORIGIN_READ_BYTES_MAX {
             return Err(Error::new(
                 ErrorKind::TooLarge,
@@ -1212,6 +1258,8 @@ enum Revalidated {
 
 enum Through {
     Read(CacheRead),
+    /// Not read: more bytes than the caller has room for.
+    Sized(u64),
     NotFound,
     /// The origin object changed during the read: start over.
     Changed,

@@ -20,7 +20,7 @@ mod shard;
 pub mod store;
 pub mod tier;
 
-pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData};
+pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData, Within};
 pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
     IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,

@@ -80,5 +80,233 @@ fn a_slow_streamed_put_is_not_cut_by_the_idle_timeout_but_a_quiet_connection_is(
     std::thread::sleep(Duration::from_secs(3));
     let mut probe = [0u8; 1];
     let closed = matches!(std::io::Read::read(&mut stream, &mut probe), Ok(0) | Err(_));
-    assert!(closed, "a quiet connection is closed after the idle timeout");
+    assert!(
+        closed,
+        "a quiet connection is closed after the idle timeout"
+    );
+}
+
+/// The server's RSS, sampled every 20 ms while `work` runs; the largest growth seen.
+fn rss_growth_during(server: &ServerProcess, work: impl FnOnce()) -> u64 {
+    let pid = server.child.id();
+    let before = common::resident_bytes(pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut highest = 0;
+            // The process may be gone when a test fails: then the samples end.
+            let sample = || {
+                std::fs::metadata(format!("/proc/{pid}"))
+                    .is_ok()
+                    .then(|| common::resident_bytes(pid))
+            };
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                highest = highest.max(sample().unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            highest.max(sample().unwrap_or(0))
+        })
+    };
+    work();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap().saturating_sub(before)
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn batch_items_waiting_on_a_slow_origin_hold_bounded_memory() {
+    let s3 = common::S3Server::start();
+    s3.create_bucket("limits-batch");
+    s3.put("limits-batch", "small", &object_bytes(1, 1000));
+    let mut config = hydrant_fault_proxy::Config::new(s3.address());
+    config.settings.delay = hydrant_fault_proxy::DelayRange::NONE;
+    let proxy = hydrant_fault_proxy::start(config).unwrap();
+    proxy
+        .set_config(hydrant_fault_proxy::ConfigUpdate::from_query("delay_ms=4000-4000").unwrap())
+        .unwrap();
+    let scratch = Scratch::new("limits-batch");
+    let mut env = s3.env();
+    env[0].1 = format!("http://{}", proxy.addr());
+    let server = ServerProcess::start(
+        scratch.path(),
+        512,
+        &["--bucket", "data=s3://limits-batch"],
+        &env,
+    );
+    // 400 batches of 2,000 items each (as many as a 64 KiB extension holds), all of one cold
+    // key whose origin answers after 4 s: the items wait, and none may become a task before it
+    // can run.
+    const ITEMS: u32 = 2000;
+    const BATCHES: u64 = 400;
+    let item = GetRequest {
+        name: ObjectName {
+            bucket: "data".into(),
+            key: "small".into(),
+        },
+        range_start: 0,
+        range_end: None,
+    };
+    let mut batch = hydrant_proto::codec::Writer::new();
+    batch.u32(ITEMS);
+    for _ in 0..ITEMS {
+        item.encode_into(&mut batch);
+    }
+    let batch = batch.finish();
+    let mut stream = server.greeted();
+    let growth = rss_growth_during(&server, || {
+        let mut frames = Vec::new();
+        for id in 0..BATCHES {
+            frames.extend(common::frame(Opcode::BatchGet, 100 + id, &batch, &[]));
+        }
+        stream.write_all(&frames).unwrap();
+        std::thread::sleep(Duration::from_millis(3000));
+    });
+    eprintln!(
+        "RSS growth with 800,000 batch items waiting: {} MiB",
+        growth / MIB
+    );
+    assert!(
+        growth < 256 * MIB,
+        "800,000 waiting batch items grew the server by {} MiB",
+        growth / MIB
+    );
+    // Every item is answered once the origin is.
+    let mut answered = 0;
+    while answered < BATCHES * ITEMS as u64 {
+        let answer = receive(&mut stream);
+        assert_eq!(answer.status(), Status::Ok, "{}", answer.message());
+        answered += 1;
+    }
+}
+
+#[test]
+fn pipelined_gets_read_through_from_the_origin_reserve_room_before_they_read() {
+    let scratch = Scratch::new("limits-through");
+    let origin = scratch.path().join("origin/data");
+    std::fs::create_dir_all(&origin).unwrap();
+    let data = object_bytes(5, 128 << 20);
+    std::fs::write(origin.join("large"), &data).unwrap();
+    let server = ServerProcess::start(scratch.path(), 1024, &[], &[]);
+    let get = GetRequest {
+        name: ObjectName {
+            bucket: "data".into(),
+            key: "large".into(),
+        },
+        range_start: 0,
+        range_end: None,
+    };
+    let mut stream = server.greeted();
+    let growth = rss_growth_during(&server, || {
+        for id in 0..8 {
+            common::send(&mut stream, Opcode::Get, 10 + id, &get.encode(), &[]);
+        }
+        for _ in 0..8 {
+            let mut read = Vec::new();
+            loop {
+                let answer = receive(&mut stream);
+                assert_eq!(answer.status(), Status::Ok, "{}", answer.message());
+                read.extend_from_slice(&answer.payload);
+                if !answer.header.flags.contains(FrameFlags::MORE) {
+                    break;
+                }
+            }
+            assert!(read == data);
+        }
+    });
+    eprintln!(
+        "RSS growth with 8 pipelined cold GETs of 128 MiB: {} MiB",
+        growth / MIB
+    );
+    assert!(
+        growth < 448 * MIB,
+        "8 pipelined cold GETs of 128 MiB grew the server by {} MiB",
+        growth / MIB
+    );
+}
+
+#[test]
+fn frames_before_hello_are_refused_before_their_bytes_are_held() {
+    let scratch = Scratch::new("limits-hello");
+    let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
+    let payload = vec![7u8; 16 << 20];
+    let frame = common::frame(Opcode::Ping, 5, &[], &payload);
+    let growth = rss_growth_during(&server, || {
+        let senders: Vec<_> = (0..24)
+            .map(|_| {
+                let mut stream = server.connect();
+                let frame = frame.clone();
+                std::thread::spawn(move || {
+                    // The server may close before all of it is sent.
+                    let _ = stream.write_all(&frame);
+                    std::thread::sleep(Duration::from_millis(500));
+                    let mut rest = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut stream, &mut rest);
+                })
+            })
+            .collect();
+        for sender in senders {
+            sender.join().unwrap();
+        }
+    });
+    eprintln!(
+        "RSS growth with 24 connections sending 16 MiB before HELLO: {} MiB",
+        growth / MIB
+    );
+    assert!(
+        growth < 64 * MIB,
+        "24 connections sending 16 MiB frames before HELLO grew the server by {} MiB",
+        growth / MIB
+    );
+    // Frames refused for a bad payload checksum count among the 16 allowed before HELLO.
+    let mut stream = server.connect();
+    let mut bad = common::frame(Opcode::Ping, 6, &[], b"four");
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    for _ in 0..40 {
+        if stream.write_all(&bad).is_err() {
+            break;
+        }
+    }
+    let mut answers = 0;
+    let closed = loop {
+        let mut header = [0u8; hydrant_proto::FRAME_HEADER_BYTES];
+        match std::io::Read::read_exact(&mut stream, &mut header) {
+            Ok(()) => {
+                let header =
+                    FrameHeader::decode(&header, &hydrant_proto::Limits::default()).unwrap();
+                let mut rest =
+                    vec![0u8; header.extension_len as usize + header.payload_len as usize];
+                std::io::Read::read_exact(&mut stream, &mut rest).unwrap();
+                answers += 1;
+            }
+            Err(_) => break true,
+        }
+    };
+    assert!(
+        closed && answers <= 16,
+        "{answers} refusals before the close"
+    );
+}
+
+#[test]
+fn naming_buckets_creates_nothing_at_the_origin() {
+    let scratch = Scratch::new("limits-routes");
+    let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
+    let mut client = server.client();
+    for index in 0..3000 {
+        let bucket = format!("b{index}");
+        assert!(client.head(&bucket, "nothing").is_err());
+        assert!(client.get(&bucket, "nothing", None).is_err());
+    }
+    let origin = scratch.path().join("origin");
+    let created: Vec<_> = std::fs::read_dir(&origin)
+        .map(|entries| entries.map(|entry| entry.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        created.is_empty(),
+        "the origin folder holds {} entries",
+        created.len()
+    );
 }

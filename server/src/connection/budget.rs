@@ -19,6 +19,20 @@ pub(super) struct Reservation {
     pub(super) bytes: usize,
 }
 
+impl Reservation {
+    /// Give back what is reserved beyond `bytes` (the answer turned out smaller).
+    pub(super) fn shrink_to(&mut self, bytes: usize) {
+        if bytes < self.bytes {
+            let budget = &self.budget;
+            budget
+                .available
+                .set(budget.available.get() + self.bytes - bytes);
+            self.bytes = bytes;
+            budget.changed.wake_all();
+        }
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         let budget = &self.budget;

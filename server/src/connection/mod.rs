@@ -17,7 +17,7 @@ use hydrant_engine::rt::time::{self, sleep};
 use hydrant_engine::rt::{net, spawn};
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
-use hydrant_engine::{Cache, ReadData};
+use hydrant_engine::{Cache, ReadData, Within};
 
 use crate::metrics;
 
@@ -60,11 +60,17 @@ const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Answers up to this size are read before their room is reserved (one hop to the owning shard
 /// instead of two); `requests_in_flight_max` of them bound what that adds.
 const ANSWER_RESERVED_AFTER_BYTES_MAX: u64 = 64 * 1024;
+/// Room reserved for an answer read through from the origin before its size is known: a
+/// chunk, the most the origin's first read returns (a larger answer is sized first, then read).
+const UNSIZED_ANSWER_RESERVED_BYTES: u64 = 4 * 1024 * 1024;
 /// Answers queued for a connection beyond which its requests are no longer read.
 const OUTBOX_BYTES_MAX: usize = 32 * 1024 * 1024;
-/// Requests refused before HELLO after which the connection is closed.
+/// Bytes of extension and payload one frame before HELLO may carry (HELLO needs about 60); a
+/// larger one closes the connection before any of it is read.
+const FRAME_BYTES_BEFORE_HELLO_MAX: u64 = 4096;
+/// Frames before HELLO (refused ones included) after which the connection is closed.
 const FRAMES_BEFORE_HELLO_MAX: u32 = 16;
-/// Items of one BATCH_GET read at once.
+/// Items of BATCH_GETs one connection reads at once (each is a task while it runs).
 const BATCH_ITEMS_IN_FLIGHT_MAX: usize = 32;
 /// A connection that has not said HELLO by then is closed.
 const HELLO_DEADLINE_MS: u64 = 10_000;
@@ -155,6 +161,8 @@ struct Connection {
     closed: WaitQueue,
     /// Room for object bytes held by answers not yet sent.
     answer_budget: Rc<AnswerBudget>,
+    /// BATCH_GET items being read, all batches of the connection together.
+    batch_items: Rc<Semaphore>,
 }
 
 impl Connection {
@@ -228,6 +236,7 @@ async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: 
         in_flight: in_flight.clone(),
         closed: WaitQueue::new(),
         answer_budget: Rc::new(AnswerBudget::new()),
+        batch_items: Rc::new(Semaphore::new(BATCH_ITEMS_IN_FLIGHT_MAX)),
     });
     metrics::count(|counters| counters.connections_opened += 1);
     let writer = spawn(write_loop(connection.clone(), fd));
@@ -327,7 +336,28 @@ async fn read_loop(
             .take_filled(FRAME_HEADER_BYTES)
             .try_into()
             .expect("a header's bytes");
-        let header = match FrameHeader::decode(&header_bytes, &connection.limits.get()) {
+        let decoded = FrameHeader::decode(&header_bytes, &connection.limits.get());
+        if !connection.greeted.get() {
+            // Before HELLO every frame counts, whatever is wrong with it, and none may carry
+            // more than a HELLO needs: nothing is buffered for a peer that has not said who it
+            // is beyond that.
+            frames_before_hello += 1;
+            if frames_before_hello > FRAMES_BEFORE_HELLO_MAX {
+                return Err("closing the connection: too many frames before HELLO".into());
+            }
+            let announced = FrameHeader::salvage(&header_bytes)
+                .map(|(_, extension, payload)| extension as u64 + payload);
+            if announced.is_some_and(|bytes| bytes > FRAME_BYTES_BEFORE_HELLO_MAX) {
+                if let Ok(header) = &decoded {
+                    let message = format!(
+                        "send HELLO first; a frame before it carries at most {FRAME_BYTES_BEFORE_HELLO_MAX} bytes"
+                    );
+                    connection.answer(header, Status::Unauthenticated, &[], message.as_bytes());
+                }
+                return Err("closing the connection: a large frame before HELLO".into());
+            }
+        }
+        let header = match decoded {
             Ok(header) => header,
             Err(error) => {
                 refuse_header(connection, input, &header_bytes, error).await?;
@@ -345,10 +375,6 @@ async fn read_loop(
         if let Err(error) = header.check_body(extension, payload) {
             refusal = Some((Status::for_error(&error), error.to_string()));
         } else if header.opcode != Opcode::Hello && !connection.greeted.get() {
-            frames_before_hello += 1;
-            if frames_before_hello > FRAMES_BEFORE_HELLO_MAX {
-                return Err("closing the connection: too many requests before HELLO".into());
-            }
             refusal = Some((Status::Unauthenticated, "send HELLO first".into()));
         } else if header.flags.contains(FrameFlags::MORE) && header.opcode != Opcode::Put {
             refusal = Some((

@@ -193,38 +193,46 @@ pub(super) async fn get_object(
             .version(&key)
             .map(|version| range_bytes(range, version.bytes));
         check_item_size(size, bytes_max).map_err(engine_failure)?;
-        let reserved = match size {
-            Some(size) => Some(budget.reserve(size as usize).await),
-            None => None,
-        };
-        let read = cache
-            .get_parts(&key, Some(range))
-            .await
-            .map_err(engine_failure)?
-            .ok_or_else(not_found)?;
-        let reservation = match reserved {
-            Some(reservation) => reservation,
-            None => budget.reserve(read.data.len()).await,
-        };
-        let info = ObjectInfo {
-            object_bytes: read.bytes,
-            seq: read.seq,
-            dirty: read.dirty,
-            range_start: read.start,
-        };
-        metrics::count_copies(metrics::PATH_TCP, read.copied_bytes, read.data.len() as u64);
-        let held = HeldBytes {
-            body: Body::Read(read.data),
-            _reservation: Some(reservation),
-        };
-        return Ok((info, Rc::new(held)));
+        // Room is reserved before any bytes are held: the size the index knows, or, for an
+        // object read through from the origin, a chunk's worth until the origin tells its size
+        // (a larger answer is then not read until its room is reserved).
+        let mut room = size.unwrap_or(UNSIZED_ANSWER_RESERVED_BYTES);
+        loop {
+            let mut reservation = budget.reserve(room as usize).await;
+            let read = match cache
+                .get_parts_within(&key, Some(range), room)
+                .await
+                .map_err(engine_failure)?
+                .ok_or_else(not_found)?
+            {
+                Within::Read(read) => read,
+                Within::Sized(bytes) => {
+                    check_item_size(Some(bytes), bytes_max).map_err(engine_failure)?;
+                    room = bytes;
+                    continue;
+                }
+            };
+            reservation.shrink_to(read.data.len());
+            let info = ObjectInfo {
+                object_bytes: read.bytes,
+                seq: read.seq,
+                dirty: read.dirty,
+                range_start: read.start,
+            };
+            metrics::count_copies(metrics::PATH_TCP, read.copied_bytes, read.data.len() as u64);
+            let held = HeldBytes {
+                body: Body::Read(read.data),
+                _reservation: Some(reservation),
+            };
+            return Ok((info, Rc::new(held)));
+        }
     }
     // Another shard's key: small answers come back in one hop; a large one first says its size,
     // then is read once its room is reserved.
     metrics::count(|counters| counters.requests_forwarded += 1);
-    let mut reserved = None;
+    let mut reserved: Option<(Reservation, u64)> = None;
     loop {
-        let read_large = reserved.is_some();
+        let room = reserved.as_ref().map(|(_, room)| *room);
         let key = key.clone();
         let found = connection
             .engine
@@ -234,13 +242,17 @@ pub(super) async fn get_object(
                     .version(&key)
                     .map(|version| range_bytes(range, version.bytes));
                 check_item_size(size, bytes_max)?;
-                if let Some(size) = size.filter(|&size| size > ANSWER_RESERVED_AFTER_BYTES_MAX) {
-                    if !read_large {
-                        return Ok(Some(Found::Sized(size)));
-                    }
+                let room = room.unwrap_or(ANSWER_RESERVED_AFTER_BYTES_MAX);
+                if let Some(size) = size.filter(|&size| size > room) {
+                    return Ok(Some(Found::Sized(size)));
                 }
-                let Some(read) = cache.get_parts(&key, Some(range)).await? else {
-                    return Ok(None);
+                let read = match cache.get_parts_within(&key, Some(range), room).await? {
+                    None => return Ok(None),
+                    Some(Within::Sized(bytes)) => {
+                        check_item_size(Some(bytes), bytes_max)?;
+                        return Ok(Some(Found::Sized(bytes)));
+                    }
+                    Some(Within::Read(read)) => read,
                 };
                 let info = ObjectInfo {
                     object_bytes: read.bytes,
@@ -259,10 +271,18 @@ pub(super) async fn get_object(
             .map_err(engine_failure)?
             .ok_or_else(not_found)?;
         match found {
-            Found::Sized(size) => reserved = Some(budget.reserve(size as usize).await),
+            Found::Sized(size) => {
+                // Given back before waiting for the larger room.
+                drop(reserved.take());
+                reserved = Some((budget.reserve(size as usize).await, size));
+            }
             Found::Read(info, data) => {
                 let reservation = match reserved {
-                    Some(reservation) => reservation,
+                    Some((mut reservation, _)) => {
+                        reservation.shrink_to(data.len());
+                        reservation
+                    }
+                    // At most ANSWER_RESERVED_AFTER_BYTES_MAX, read before its room.
                     None => budget.reserve(data.len()).await,
                 };
                 let held = HeldBytes {
@@ -328,26 +348,26 @@ pub(super) async fn batch_get(
             answer_item(connection, header, index, result, &answered, total);
         }
     } else {
-        let reading = Rc::new(Semaphore::new(BATCH_ITEMS_IN_FLIGHT_MAX));
-        let tasks: Vec<_> = request
-            .items
-            .into_iter()
-            .enumerate()
-            .map(|(index, item)| {
-                let connection = connection.clone();
-                let answered = answered.clone();
-                let header = *header;
-                let reading = reading.clone();
-                spawn(async move {
-                    let _permit = reading.acquire_owned().await;
-                    let bytes_max = connection.limits.get().payload_bytes_max;
-                    let result = get_object(&connection, item, Some(bytes_max)).await;
-                    answer_item(&connection, &header, index, result, &answered, total);
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await;
+        // An item becomes a task only once it has one of the connection's item permits, so a
+        // connection holds at most BATCH_ITEMS_IN_FLIGHT_MAX item tasks however many batches
+        // and items it sends.
+        let finished = Rc::new(WaitQueue::new());
+        for (index, item) in request.items.into_iter().enumerate() {
+            let permit = connection.batch_items.clone().acquire_owned().await;
+            let connection = connection.clone();
+            let answered = answered.clone();
+            let finished = finished.clone();
+            let header = *header;
+            spawn(async move {
+                let bytes_max = connection.limits.get().payload_bytes_max;
+                let result = get_object(&connection, item, Some(bytes_max)).await;
+                answer_item(&connection, &header, index, result, &answered, total);
+                drop(permit);
+                finished.wake_all();
+            });
+        }
+        while answered.get() < total {
+            finished.wait().await;
         }
     }
     true
