@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use hydrant_proto::message::{
     BatchGetRequest, FlushRequest, GetRequestRef, ListEntries, ListEntry, ListRequest, Message,
-    ObjectInfo, ObjectName, ObjectNameRef, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
+    ObjectInfo, ObjectName, ObjectNameRef, PrefetchResult, PutRequest, RefusedUpload,
+    UploadsAnswer, UploadsRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{Limits, Opcode};
 
@@ -479,6 +480,38 @@ impl SharedClient {
         Ok(())
     }
 
+    /// The writes under `bucket`/`prefix` (every bucket with `None`) that the origin refused
+    /// for good, on every node (at most `limit` from each), and how many there are in all; with
+    /// `retry`, each node queues them for upload again.
+    pub fn uploads(
+        &self,
+        bucket: Option<&str>,
+        prefix: &str,
+        retry: bool,
+        limit: u32,
+    ) -> Result<(Vec<RefusedUpload>, u64)> {
+        let request = UploadsRequest {
+            bucket: bucket.map(str::to_string),
+            prefix: prefix.to_string(),
+            retry,
+            limit,
+        };
+        let (mut refused, mut total) = (Vec::new(), 0);
+        for index in 0..self.inner.pools.len() {
+            let answer = self.long_call(
+                index,
+                &RetryPolicy::never(),
+                Opcode::Uploads,
+                &request.encode(),
+                None,
+            )?;
+            let listed = UploadsAnswer::decode(&answer.payload)?;
+            total += listed.total;
+            refused.extend(listed.refused);
+        }
+        Ok((refused, total))
+    }
+
     /// A call that may take longer than the request timeout (the server bounds it by
     /// `server_bound`, or it is a long PREFETCH): the answer timeout is lifted for it.
     fn long_call(
@@ -694,6 +727,17 @@ impl Client {
 
     pub fn flush(&mut self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
         self.shared.flush(bucket, prefix, timeout)
+    }
+
+    /// See [`SharedClient::uploads`].
+    pub fn uploads(
+        &mut self,
+        bucket: Option<&str>,
+        prefix: &str,
+        retry: bool,
+        limit: u32,
+    ) -> Result<(Vec<RefusedUpload>, u64)> {
+        self.shared.uploads(bucket, prefix, retry, limit)
     }
 
     pub fn ping(&mut self) -> Result<()> {

@@ -72,6 +72,14 @@ enum Command {
     Stats,
     /// Read every object of BUCKET[/PREFIX] through from the origin into the cache.
     Prefetch { path: String },
+    /// Writes under [BUCKET[/PREFIX]] that the origin refused for good (they stay on the node
+    /// until retried, replaced or deleted).
+    Uploads {
+        path: Option<String>,
+        /// Queue them for upload again (once the origin can take them).
+        #[arg(long)]
+        retry: bool,
+    },
     /// Wait until what was written to [BUCKET[/PREFIX]] (everything, without one) is at the
     /// origin.
     Flush {
@@ -80,6 +88,20 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         wait: u64,
     },
+}
+
+/// Refused writes `hydrant uploads` shows per server.
+const UPLOADS_SHOWN_MAX: u32 = 1000;
+
+/// An optional "BUCKET[/PREFIX]" into a bucket (`None`: every bucket) and a prefix.
+fn split_path(path: Option<&str>) -> (Option<&str>, &str) {
+    match path {
+        Some(path) => {
+            let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+            (Some(bucket), prefix)
+        }
+        None => (None, ""),
+    }
 }
 
 /// "BUCKET/KEY" into its parts; the key must not be empty.
@@ -217,14 +239,24 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
             );
         }
         Command::Flush { path, wait } => {
-            let (bucket, prefix) = match path.as_deref() {
-                Some(path) => {
-                    let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
-                    (Some(bucket), prefix)
-                }
-                None => (None, ""),
-            };
+            let (bucket, prefix) = split_path(path.as_deref());
             connect()?.flush(bucket, prefix, Duration::from_secs(*wait))?;
+        }
+        Command::Uploads { path, retry } => {
+            let (bucket, prefix) = split_path(path.as_deref());
+            let (refused, total) = connect()?.uploads(bucket, prefix, *retry, UPLOADS_SHOWN_MAX)?;
+            for upload in &refused {
+                println!(
+                    "{}/{}\t{} bytes\t{}",
+                    upload.bucket, upload.key, upload.object_bytes, upload.reason
+                );
+            }
+            let verb = if *retry {
+                "queued again"
+            } else {
+                "refused by the origin"
+            };
+            println!("{total} writes {verb}");
         }
     }
     Ok(())

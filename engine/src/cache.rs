@@ -1121,6 +1121,18 @@ impl Cache {
         // From now until the answer, origin reads of the key are not admitted.
         let _change = origin.reads.change(&key);
         let path = route.path(key.key())?;
+        if route.write == WriteMode::Back {
+            origin.origins.check_failed_room()?;
+            // Refused now, not after the acknowledgement, what the origin is known not to
+            // be able to hold (a folder origin's file where a folder must go, say).
+            if route.url.starts_with("file://") {
+                let (checked, name) = (route.clone(), key.key().to_string());
+                origin
+                    .origins
+                    .run(async move { remote::check_nameable(&checked, &name) })
+                    .await?;
+            }
+        }
         match route.write {
             WriteMode::ReadOnly => Err(read_only(&key, &route)),
             WriteMode::Through => {
@@ -1171,6 +1183,7 @@ impl Cache {
                 let _guard = self.locks.lock(&key).await;
                 match self.store.put(key.clone(), &data, true).await {
                     Ok(meta) => {
+                        self.forget_refused(origin, &key);
                         origin.writes.enqueue(Upload {
                             key,
                             seq: meta.seq,
@@ -1206,6 +1219,7 @@ impl Cache {
         };
         let _guard = self.locks.lock(&key).await;
         let stored = self.store.delete(key.clone()).await?;
+        self.forget_refused(origin, &key);
         origin.reads.forget(&key);
         // An upload in flight would bring the object back at the origin after the delete.
         origin.writes.idle(&key).await;
@@ -1214,6 +1228,35 @@ impl Cache {
             .run(remote::delete(origins.clone(), route.clone(), path))
             .await?;
         Ok(stored || at_origin)
+    }
+
+    /// A refused version of `key` is superseded (a newer write or a delete): it stops counting.
+    fn forget_refused(&self, origin: &ShardOrigin, key: &ObjectKey) {
+        if let Some(failed) = origin.writes.clear_failed(key) {
+            origin.origins.forget_failed(failed.bytes);
+        }
+    }
+
+    /// Uploads the origin refused under `prefix` (every bucket when `None`): at most `limit`
+    /// of them, and how many there are.
+    pub fn refused_uploads(
+        &self,
+        prefix: Option<&ObjectKey>,
+        limit: usize,
+    ) -> (Vec<crate::origin::writeback::FailedUpload>, usize) {
+        match (&self.origin, prefix) {
+            (None, _) => (Vec::new(), 0),
+            (Some(origin), Some(prefix)) => origin.writes.failed_under(prefix, limit),
+            (Some(origin), None) => origin.writes.failed_all(limit),
+        }
+    }
+
+    /// Queue the refused uploads under `prefix` (every bucket when `None`) once more; returns
+    /// how many.
+    pub fn retry_refused(&self, prefix: Option<&ObjectKey>) -> usize {
+        self.origin.as_ref().map_or(0, |origin| {
+            origin.writes.retry_failed(prefix, &origin.origins)
+        })
     }
 
     /// Dirty keys under `prefix` not yet at the origin (what FLUSH waits for).

@@ -10,7 +10,7 @@ use crate::format::{
     Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
     FORMAT_VERSION, PLACEMENT_CRC32C, REGIONS_OFFSET_BYTES, REGION_BYTES_MAX, SUPERBLOCK_OFFSETS,
 };
-use crate::origin::{OriginConfig, OriginStats, Origins};
+use crate::origin::{FailedUpload, OriginConfig, OriginStats, Origins};
 use crate::rt::channel;
 use crate::rt::ReactorConfig;
 use crate::shard::{self, Message, ShardHandle, ShardPlan};
@@ -454,6 +454,31 @@ fn upgrade_format(devices: &[Device], superblocks: Vec<Superblock>) -> Result<Ve
         upgraded.push(superblock);
     }
     Ok(upgraded)
+}
+
+/// Refused writes a FLUSH names in its error.
+const FLUSH_REFUSED_NAMED_MAX: usize = 5;
+
+/// FLUSH's answer when writes under its prefix were refused by the origin.
+fn refused_error(refused: &[FailedUpload], count: usize) -> Error {
+    let named: Vec<String> = refused
+        .iter()
+        .take(FLUSH_REFUSED_NAMED_MAX)
+        .map(|failed| format!("{}/{} ({})", failed.bucket, failed.key, failed.reason))
+        .collect();
+    let more = count.saturating_sub(named.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Error::new(
+        ErrorKind::OriginRefused,
+        format!(
+            "{count} writes were refused by the origin and stay on NVMe: {}{more}; retry them with `hydrant uploads --retry` once the origin can take them, or delete them",
+            named.join("; ")
+        ),
+    )
 }
 
 /// Regions of `shard` on each device: a contiguous share of every device.
@@ -944,22 +969,31 @@ impl EngineHandle {
             let deadline = std::time::Instant::now() + timeout;
             loop {
                 let mut pending = 0;
+                let mut refused = Vec::new();
+                let mut refused_count = 0;
                 for shard in 0..handle.inboxes.len() {
                     let prefixes = prefixes.clone();
-                    pending += handle
+                    let (waiting, listed, count) = handle
                         .on_shard(shard, move |cache| async move {
-                            if prefixes.is_empty() {
-                                return Ok(cache.pending_count());
-                            }
-                            Ok(prefixes
-                                .iter()
-                                .map(|prefix| cache.pending_under(prefix))
-                                .sum())
+                            let prefix = prefixes.first();
+                            let (listed, count) =
+                                cache.refused_uploads(prefix, FLUSH_REFUSED_NAMED_MAX);
+                            let waiting = match prefix {
+                                None => cache.pending_count(),
+                                Some(prefix) => cache.pending_under(prefix),
+                            };
+                            Ok((waiting, listed, count))
                         })
                         .await?;
+                    pending += waiting;
+                    refused.extend(listed);
+                    refused_count += count;
+                }
+                if pending == 0 && refused_count == 0 {
+                    return Ok(());
                 }
                 if pending == 0 {
-                    return Ok(());
+                    return Err(refused_error(&refused, refused_count));
                 }
                 if std::time::Instant::now() >= deadline {
                     return Err(Error::new(
@@ -976,6 +1010,44 @@ impl EngineHandle {
                     })
                     .await?;
             }
+        }
+    }
+
+    /// Writes the origin refused for good under `bucket`/`prefix` (every bucket when `None`):
+    /// at most `limit` of them, and how many there are. With `retry`, they are queued for
+    /// upload again first (and listed as they were).
+    pub fn refused_uploads(
+        &self,
+        bucket: Option<&str>,
+        prefix: &str,
+        retry: bool,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<FailedUpload>, usize)>> + Send + 'static {
+        let prefix = bucket
+            .map(|bucket| ObjectKey::prefix(bucket, prefix))
+            .transpose();
+        let handle = self.clone();
+        async move {
+            let prefix = prefix?;
+            let mut listed = Vec::new();
+            let mut count = 0;
+            for shard in 0..handle.inboxes.len() {
+                let prefix = prefix.clone();
+                let (shard_listed, shard_count) = handle
+                    .on_shard(shard, move |cache| async move {
+                        let found = cache.refused_uploads(prefix.as_ref(), limit);
+                        if retry {
+                            cache.retry_refused(prefix.as_ref());
+                        }
+                        Ok(found)
+                    })
+                    .await?;
+                listed.extend(shard_listed);
+                count += shard_count;
+            }
+            listed.sort_by(|a, b| (&a.bucket, &a.key).cmp(&(&b.bucket, &b.key)));
+            listed.truncate(limit);
+            Ok((listed, count))
         }
     }
 

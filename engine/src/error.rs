@@ -32,6 +32,9 @@ pub enum ErrorKind {
     ShuttingDown,
     /// An operating-system I/O error.
     Io,
+    /// The origin refused the request for good (no permission, a name it cannot hold, a request
+    /// it rejects): retrying the same request will not help.
+    OriginRefused,
     /// The origin could not be reached or answered with an error; retriable.
     OriginUnavailable,
     /// The bucket's origin is read-only.

@@ -25,5 +25,5 @@ pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
     IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
 };
-pub use origin::{BucketOrigin, OriginConfig, OriginStats, Revalidate, WriteMode};
+pub use origin::{BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, WriteMode};
 pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};

@@ -519,6 +519,106 @@ impl Message for FlushRequest {
     }
 }
 
+/// Refused writes an UPLOADS answer lists at most.
+pub const UPLOADS_LISTED_MAX: u32 = 10_000;
+
+/// UPLOADS: the writes under `bucket`/`prefix` (every bucket when `bucket` is `None`) that the
+/// origin refused for good, at most `limit` of them; with `retry`, queued for upload again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadsRequest {
+    pub bucket: Option<String>,
+    pub prefix: String,
+    pub retry: bool,
+    pub limit: u32,
+}
+
+impl Message for UploadsRequest {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.bytes16(self.bucket.as_deref().unwrap_or_default().as_bytes());
+        writer.bytes16(self.prefix.as_bytes());
+        writer.u8(u8::from(self.retry));
+        writer.u32(self.limit);
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let bucket = read_name(reader, |bucket| match bucket {
+            "" => Ok(()),
+            bucket => name::check_bucket(bucket),
+        })?;
+        let bucket = (!bucket.is_empty()).then(|| bucket.to_string());
+        let prefix = read_name(reader, name::check_prefix)?.to_string();
+        if bucket.is_none() && !prefix.is_empty() {
+            return Err(ProtoError::Malformed("an UPLOADS prefix needs a bucket"));
+        }
+        let retry = match reader.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(ProtoError::Malformed("retry is neither 0 nor 1")),
+        };
+        let limit = reader.u32()?.min(UPLOADS_LISTED_MAX);
+        Ok(UploadsRequest {
+            bucket,
+            prefix,
+            retry,
+            limit,
+        })
+    }
+}
+
+/// One refused write: its name, version, size and the origin's reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedUpload {
+    pub bucket: String,
+    pub key: String,
+    pub seq: u64,
+    pub object_bytes: u64,
+    pub reason: String,
+}
+
+/// UPLOADS' answer (its payload): how many writes are refused in all, and up to the limit of
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadsAnswer {
+    pub total: u64,
+    pub refused: Vec<RefusedUpload>,
+}
+
+impl Message for UploadsAnswer {
+    fn encode_into(&self, writer: &mut Writer) {
+        writer.u64(self.total);
+        writer.u32(self.refused.len() as u32);
+        for refused in &self.refused {
+            writer.bytes16(refused.bucket.as_bytes());
+            writer.bytes16(refused.key.as_bytes());
+            writer.u64(refused.seq);
+            writer.u64(refused.object_bytes);
+            let reason = &refused.reason.as_bytes()[..refused.reason.len().min(1024)];
+            writer.bytes16(reason);
+        }
+    }
+
+    fn decode_from(reader: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let total = reader.u64()?;
+        let count = reader.u32()?;
+        if count > UPLOADS_LISTED_MAX {
+            return Err(ProtoError::Malformed(
+                "more refused writes than an answer lists",
+            ));
+        }
+        let mut refused = Vec::with_capacity((count as usize).min(reader.remaining() / 22));
+        for _ in 0..count {
+            refused.push(RefusedUpload {
+                bucket: reader.text16(BUCKET_BYTES_MAX, "bucket")?.to_string(),
+                key: reader.text16(KEY_BYTES_MAX, "key")?.to_string(),
+                seq: reader.u64()?,
+                object_bytes: reader.u64()?,
+                reason: String::from_utf8_lossy(reader.bytes16()?).into_owned(),
+            });
+        }
+        Ok(UploadsAnswer { total, refused })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -551,6 +651,24 @@ mod tests {
             bytes: 1 << 40,
         };
         assert_eq!(PrefetchResult::decode(&warmed.encode()), Ok(warmed));
+        let uploads = UploadsRequest {
+            bucket: Some("ckpt".into()),
+            prefix: "step-9/".into(),
+            retry: true,
+            limit: 100,
+        };
+        assert_eq!(UploadsRequest::decode(&uploads.encode()), Ok(uploads));
+        let refused = UploadsAnswer {
+            total: 7,
+            refused: vec![RefusedUpload {
+                bucket: "ckpt".into(),
+                key: "x/y".into(),
+                seq: 12,
+                object_bytes: 4096,
+                reason: "origin refused".into(),
+            }],
+        };
+        assert_eq!(UploadsAnswer::decode(&refused.encode()), Ok(refused));
         for bucket in [None, Some("ckpt".to_string())] {
             let flush = FlushRequest {
                 prefix: if bucket.is_some() {

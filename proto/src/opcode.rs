@@ -16,10 +16,12 @@ pub enum Opcode {
     Prefetch = 9,
     Flush = 10,
     Stats = 11,
+    /// Writes the origin refused for good: list them, or queue them for upload again.
+    Uploads = 12,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 11] = [
+    pub const ALL: [Opcode; 12] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Get,
@@ -31,6 +33,7 @@ impl Opcode {
         Opcode::Prefetch,
         Opcode::Flush,
         Opcode::Stats,
+        Opcode::Uploads,
     ];
 
     pub fn from_byte(byte: u8) -> Result<Opcode, ProtoError> {

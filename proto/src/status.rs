@@ -17,6 +17,8 @@ pub enum Status {
     ReadOnly = 0x16,
     Unsupported = 0x17,
     ChecksumMismatch = 0x18,
+    /// The origin refused the request for good (permission, a name it cannot hold).
+    OriginRefused = 0x19,
     // Retriable: 0x40..=0x7f.
     Busy = 0x40,
     OriginUnavailable = 0x41,
@@ -38,7 +40,7 @@ pub enum StatusClass {
 }
 
 impl Status {
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotFound,
@@ -49,6 +51,7 @@ impl Status {
         Status::ReadOnly,
         Status::Unsupported,
         Status::ChecksumMismatch,
+        Status::OriginRefused,
         Status::Busy,
         Status::OriginUnavailable,
         Status::ShuttingDown,

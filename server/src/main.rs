@@ -226,6 +226,8 @@ fn origins(
         None => (device_bytes / 4).clamp(64 << 20, 4 << 30),
     };
     config.dirty_bytes_low = config.dirty_bytes_max / 4 * 3;
+    // Writes the origin refused may hold as much of NVMe as the dirty budget, apart from it.
+    config.failed_bytes_max = config.dirty_bytes_max;
     if config.default_url.is_none() && config.buckets.is_empty() {
         return Ok(None);
     }

@@ -444,6 +444,9 @@ pub fn gather(
         })
         .collect();
     let origin = engine.origin_stats();
+    let refused = origin
+        .is_some()
+        .then(|| engine.refused_uploads(None, "", false, REFUSED_NAMED_MAX));
     async move {
         let mut shards = Vec::with_capacity(calls.len());
         for call in calls {
@@ -453,8 +456,44 @@ pub fn gather(
         if let Some(origin) = origin {
             text.push_str(&render_origin(&origin));
         }
+        if let Some(refused) = refused {
+            text.push_str(&render_refused(&refused.await?.0));
+        }
         Ok(text)
     }
+}
+
+/// Refused writes named in the metrics (all of them: `hydrant uploads`).
+const REFUSED_NAMED_MAX: usize = 20;
+
+/// One gauge per refused write, named by labels (at most `REFUSED_NAMED_MAX`).
+fn render_refused(refused: &[hydrant_engine::FailedUpload]) -> String {
+    let mut out = String::new();
+    if refused.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP hydrant_upload_refused_bytes A write the origin refused for good, kept on NVMe (the first {REFUSED_NAMED_MAX}).\n# TYPE hydrant_upload_refused_bytes gauge"
+    );
+    for failed in refused {
+        let _ = writeln!(
+            out,
+            "hydrant_upload_refused_bytes{{bucket=\"{}\",key=\"{}\"}} {}",
+            label(&failed.bucket),
+            label(&failed.key),
+            failed.bytes
+        );
+    }
+    out
+}
+
+/// A label value as the text format escapes it.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The origin traffic and the dirty budget (engine-wide, not per shard).
@@ -476,7 +515,7 @@ pub fn render_origin(origin: &hydrant_engine::OriginStats) -> String {
             "hydrant_origin_requests_total{{operation=\"{operation}\"}} {count}"
         );
     }
-    let single: [(&str, &str, &str, u64); 6] = [
+    let single: [(&str, &str, &str, u64); 8] = [
         (
             "hydrant_origin_errors_total",
             "counter",
@@ -512,6 +551,18 @@ pub fn render_origin(origin: &hydrant_engine::OriginStats) -> String {
             "gauge",
             "The dirty-byte budget.",
             origin.dirty_bytes_max,
+        ),
+        (
+            "hydrant_uploads_refused",
+            "gauge",
+            "Writes the origin refused for good, kept on NVMe until retried, replaced or deleted.",
+            origin.failed_uploads,
+        ),
+        (
+            "hydrant_uploads_refused_bytes",
+            "gauge",
+            "Bytes of writes the origin refused, apart from the dirty budget.",
+            origin.failed_bytes,
         ),
     ];
     for (name, kind, help, value) in single {

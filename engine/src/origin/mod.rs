@@ -21,6 +21,7 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 
 pub use remote::OriginVersion;
+pub use writeback::FailedUpload;
 
 use crate::{Error, ErrorKind, Result};
 
@@ -168,6 +169,9 @@ pub struct OriginConfig {
     pub dirty_bytes_low: u64,
     /// How long a write-back PUT waits for room in the budget before it is answered BUSY.
     pub put_wait_max: Duration,
+    /// Bytes of uploads the origin refused that may be held on NVMe; above it write-back PUTs
+    /// are refused (ORIGIN_REFUSED) until they are retried or deleted.
+    pub failed_bytes_max: u64,
     /// Objects above this size are uploaded in parts.
     pub multipart_threshold_bytes: u64,
     /// The part size of multipart uploads (S3 needs at least 5 MiB for all but the last part).
@@ -199,6 +203,7 @@ impl OriginConfig {
             dirty_bytes_max: 4 << 30,
             dirty_bytes_low: 3 << 30,
             put_wait_max: Duration::from_secs(30),
+            failed_bytes_max: 4 << 30,
             multipart_threshold_bytes: 16 << 20,
             part_bytes: 16 << 20,
             uploads_per_shard_max: 4,
@@ -315,6 +320,9 @@ pub struct Origins {
     dirty_bytes: AtomicU64,
     /// Set when the budget filled; writers wait until dirty bytes reach the low watermark.
     backpressure: AtomicBool,
+    /// Refused uploads held on NVMe (apart from the dirty budget): their bytes and count.
+    failed_bytes: AtomicU64,
+    failed_uploads: AtomicU64,
     pub(crate) counters: OriginCounters,
 }
 
@@ -356,6 +364,9 @@ pub struct OriginStats {
     pub uploads_retried: u64,
     pub dirty_bytes: u64,
     pub dirty_bytes_max: u64,
+    /// Refused uploads held on NVMe (see `WriteBack`'s failed versions).
+    pub failed_bytes: u64,
+    pub failed_uploads: u64,
 }
 
 impl Origins {
@@ -375,6 +386,8 @@ impl Origins {
             default_routes: std::sync::Mutex::new(HashMap::new()),
             dirty_bytes: AtomicU64::new(0),
             backpressure: AtomicBool::new(false),
+            failed_bytes: AtomicU64::new(0),
+            failed_uploads: AtomicU64::new(0),
             counters: OriginCounters::default(),
         };
         // Resolve the configured buckets and open the default origin now, so that a bad URL or
@@ -526,6 +539,38 @@ impl Origins {
         }
     }
 
+    /// Bytes of refused uploads held on NVMe, all shards.
+    pub(crate) fn failed_bytes(&self) -> u64 {
+        self.failed_bytes.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add_failed(&self, bytes: u64) {
+        self.failed_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.failed_uploads.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn forget_failed(&self, bytes: u64) {
+        let previous = self.failed_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        assert!(previous >= bytes, "refused bytes forgotten twice");
+        self.failed_uploads.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Refuse a write-back PUT while refused uploads hold more than their bound: a flood of
+    /// refusals ends in a clear error, never in dirty data that nothing reports.
+    pub(crate) fn check_failed_room(&self) -> Result<()> {
+        let held = self.failed_bytes();
+        if held > self.config.failed_bytes_max {
+            return Err(Error::new(
+                ErrorKind::OriginRefused,
+                format!(
+                    "{held} bytes of writes the origin refused are held on NVMe (at most {}); retry them (hydrant uploads --retry) or delete them first",
+                    self.config.failed_bytes_max
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Give back bytes taken by `reserve_dirty` (the object is clean, superseded or never stored).
     pub(crate) fn release_dirty(&self, bytes: u64) {
         let previous = self.dirty_bytes.fetch_sub(bytes, Ordering::AcqRel);
@@ -556,6 +601,8 @@ impl Origins {
             uploads_retried: load(&counters.uploads_retried),
             dirty_bytes: self.dirty_bytes(),
             dirty_bytes_max: self.config.dirty_bytes_max,
+            failed_bytes: self.failed_bytes(),
+            failed_uploads: self.failed_uploads.load(Ordering::Acquire),
         }
     }
 }

@@ -134,10 +134,112 @@ fn origin_error(
     error: object_store::Error,
 ) -> Error {
     counters.errors.fetch_add(1, Ordering::Relaxed);
+    let kind = if is_permanent(&error) {
+        ErrorKind::OriginRefused
+    } else {
+        ErrorKind::OriginUnavailable
+    };
+    let verdict = if kind == ErrorKind::OriginRefused {
+        "refused to"
+    } else {
+        "failed to"
+    };
     Error::new(
-        ErrorKind::OriginUnavailable,
-        format!("origin {} failed to {what}: {error}", route.url),
+        kind,
+        format!("origin {} {verdict} {what}: {error}", route.url),
     )
+}
+
+/// Whether an origin's answer will be the same however often the request is retried: it lacks
+/// permission or credentials, cannot hold the name (a folder origin asked for `x/y` where the
+/// file `x` is), or rejects the request (an HTTP 4xx other than 408 and 429). Everything else
+/// (5xx, SlowDown, timeouts, refused or broken connections, a full disk at the origin) is
+/// transient.
+pub(crate) fn is_permanent(error: &object_store::Error) -> bool {
+    use object_store::Error as Store;
+    match error {
+        Store::PermissionDenied { .. }
+        | Store::Unauthenticated { .. }
+        | Store::InvalidPath { .. }
+        | Store::NotSupported { .. }
+        | Store::NotImplemented { .. }
+        | Store::AlreadyExists { .. }
+        | Store::UnknownConfigurationKey { .. } => true,
+        _ => {
+            // Local-folder errors carry the io::Error; HTTP ones their status in the message
+            // (object_store's request error type is private).
+            use std::io::ErrorKind as Io;
+            let refused_io = io_kinds(error).any(|kind| {
+                matches!(
+                    kind,
+                    Io::PermissionDenied
+                        | Io::AlreadyExists
+                        | Io::NotADirectory
+                        | Io::IsADirectory
+                        | Io::InvalidInput
+                        | Io::InvalidFilename
+                        | Io::ReadOnlyFilesystem
+                        | Io::DirectoryNotEmpty
+                )
+            });
+            refused_io
+                || http_status(&error.to_string()).is_some_and(|status| {
+                    (400..500).contains(&status) && status != 408 && status != 429
+                })
+        }
+    }
+}
+
+/// For a local-folder origin: whether `key` can be a file there, as far as the folder shows now
+/// (`x/y` cannot when the file `x` exists, nor `x` when the folder `x/` does). Other origins
+/// can name any key the grammar allows. Blocking: run on the origin pool.
+pub(crate) fn check_nameable(route: &Route, key: &str) -> Result<()> {
+    let Some(root) = route.url.strip_prefix("file://") else {
+        return Ok(());
+    };
+    let refused = |what: String| {
+        Err(Error::new(
+            ErrorKind::OriginRefused,
+            format!("origin {} cannot hold {key:?}: {what}", route.url),
+        ))
+    };
+    let mut path = std::path::PathBuf::from(root);
+    let segments: Vec<&str> = key.split('/').collect();
+    for (index, segment) in segments.iter().enumerate() {
+        path.push(segment);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return Ok(()); // nothing there yet: the rest can be made
+        };
+        let last = index + 1 == segments.len();
+        if !last && !meta.is_dir() {
+            return refused(format!("{} is a file", path.display()));
+        }
+        if last && meta.is_dir() {
+            return refused(format!("{} is a folder of other objects", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// A read of a path that cannot exist (a folder origin's `x/y` where `x` is a file): the
+/// object is not there, as surely as if the path were free.
+fn names_nothing(error: &object_store::Error) -> bool {
+    io_kinds(error).any(|kind| kind == std::io::ErrorKind::NotADirectory)
+}
+
+/// The kinds of the io::Errors in an error's chain of sources.
+fn io_kinds<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = std::io::ErrorKind> + 'a {
+    std::iter::successors(Some(error), |current| current.source())
+        .filter_map(|current| current.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind)
+}
+
+/// The HTTP status object_store names in an error's message ("... status code: 400 ...").
+fn http_status(message: &str) -> Option<u16> {
+    let (_, rest) = message.split_once("status code: ")?;
+    rest.get(..3)?.parse().ok()
 }
 
 /// Read `range` (or, with `None`, the object from its start, at most `first_bytes_max` bytes:
@@ -166,6 +268,7 @@ pub(crate) async fn fetch(
         Err(object_store::Error::NotFound { .. }) => return Ok(Fetch::NotFound),
         Err(object_store::Error::NotModified { .. }) => return Ok(Fetch::NotModified),
         Err(object_store::Error::Precondition { .. }) => return Ok(Fetch::Changed),
+        Err(error) if names_nothing(&error) => return Ok(Fetch::NotFound),
         Err(error) => return Err(origin_error(counters, &route, "read", error)),
     };
     let version = OriginVersion {
@@ -223,6 +326,7 @@ pub(crate) async fn head(
             etag: meta.e_tag,
         })),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(error) if names_nothing(&error) => Ok(None),
         Err(error) => Err(origin_error(
             &origins.counters,
             &route,

@@ -32,8 +32,22 @@ pub(crate) struct Upload {
     pub attempts: u32,
 }
 
+/// A dirty version the origin refused for good: kept on NVMe (pinned, never dropped), counted
+/// apart from the dirty budget, reported by name, uploaded again only when asked (or at the
+/// next start) or replaced by a newer write.
+#[derive(Clone, Debug)]
+pub struct FailedUpload {
+    pub bucket: String,
+    pub key: String,
+    pub seq: u64,
+    pub bytes: u64,
+    pub reason: String,
+}
+
 #[derive(Default)]
 pub(crate) struct WriteBack {
+    /// Versions the origin refused, by key (at most one per key: the newest).
+    failed: RefCell<BTreeMap<ObjectKey, FailedUpload>>,
     queue: RefCell<VecDeque<Upload>>,
     queued: WaitQueue,
     /// The newest dirty version of each key not yet at the origin (FLUSH waits on it).
@@ -94,6 +108,58 @@ impl WriteBack {
             .collect()
     }
 
+    /// Refused uploads under `prefix`, at most `limit` of them, and how many there are.
+    pub fn failed_under(&self, prefix: &ObjectKey, limit: usize) -> (Vec<FailedUpload>, usize) {
+        let failed = self.failed.borrow();
+        let under = || {
+            failed
+                .range(prefix.clone()..)
+                .take_while(|(key, _)| key.as_bytes().starts_with(prefix.as_bytes()))
+        };
+        let listed = under()
+            .take(limit)
+            .map(|(_, failed)| failed.clone())
+            .collect();
+        (listed, under().count())
+    }
+
+    /// Every refused upload, at most `limit`, and how many there are.
+    pub fn failed_all(&self, limit: usize) -> (Vec<FailedUpload>, usize) {
+        let failed = self.failed.borrow();
+        let listed = failed.values().take(limit).cloned().collect();
+        (listed, failed.len())
+    }
+
+    /// Forget that `key` was refused (a newer write or a delete replaces it, or it is tried
+    /// again); returns the bytes it held.
+    pub fn clear_failed(&self, key: &ObjectKey) -> Option<FailedUpload> {
+        self.failed.borrow_mut().remove(key)
+    }
+
+    /// Queue the refused uploads under `prefix` (every bucket when `None`) once more; returns
+    /// how many.
+    pub fn retry_failed(&self, prefix: Option<&ObjectKey>, origins: &super::Origins) -> usize {
+        let keys: Vec<ObjectKey> = self
+            .failed
+            .borrow()
+            .keys()
+            .filter(|key| prefix.is_none_or(|prefix| key.as_bytes().starts_with(prefix.as_bytes())))
+            .cloned()
+            .collect();
+        for key in &keys {
+            let failed = self.clear_failed(key).expect("listed");
+            origins.forget_failed(failed.bytes);
+            origins.add_recovered_dirty(failed.bytes);
+            self.enqueue(Upload {
+                key: key.clone(),
+                seq: failed.seq,
+                bytes: failed.bytes,
+                attempts: 0,
+            });
+        }
+        keys.len()
+    }
+
     /// Wait until `key` is not being uploaded (a delete must not race an upload that would
     /// bring the object back at the origin).
     pub async fn idle(&self, key: &ObjectKey) {
@@ -146,14 +212,11 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
     } else {
         match origin.origins.route(upload.key.bucket()) {
             Ok(Some(route)) => upload_version(cache, &route, &upload).await,
-            Ok(None) | Err(_) => {
-                log::warn!(
-                    "{}/{} is dirty but its bucket has no origin now; it stays on NVMe",
-                    upload.key.bucket(),
-                    upload.key.key()
-                );
-                Ok(None)
-            }
+            Ok(None) => Err(Error::new(
+                ErrorKind::OriginRefused,
+                "its bucket has no origin now (the configuration changed)",
+            )),
+            Err(error) => Err(Error::new(ErrorKind::OriginRefused, error.to_string())),
         }
     };
     writes.uploading.borrow_mut().remove(&upload.key);
@@ -181,6 +244,14 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
             finish(cache, &upload);
         }
         Ok(None) => finish(cache, &upload),
+        Err(error)
+            if matches!(
+                error.kind(),
+                ErrorKind::OriginRefused | ErrorKind::InvalidKey
+            ) =>
+        {
+            refused(cache, upload, error)
+        }
         Err(error) => {
             origin
                 .origins
@@ -206,6 +277,38 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
             });
         }
     }
+}
+
+/// The origin refused `upload` for good: it stops being retried and stops holding the dirty
+/// budget (so that one unwritable key never stalls every other writer); it stays dirty on NVMe,
+/// is counted among the refused bytes (bounded apart, `failed_bytes_max`) and is reported by
+/// name until it is retried, replaced or deleted.
+fn refused(cache: &Cache, upload: Upload, error: Error) {
+    let origin = cache.origin().expect("uploads only with an origin");
+    log::error!(
+        "the origin refused {}/{} (version {}, {} bytes); it stays on NVMe until retried, replaced or deleted: {error}",
+        upload.key.bucket(),
+        upload.key.key(),
+        upload.seq,
+        upload.bytes
+    );
+    let failed = FailedUpload {
+        bucket: upload.key.bucket().to_string(),
+        key: upload.key.key().to_string(),
+        seq: upload.seq,
+        bytes: upload.bytes,
+        reason: error.context().to_string(),
+    };
+    if let Some(older) = origin
+        .writes
+        .failed
+        .borrow_mut()
+        .insert(upload.key.clone(), failed)
+    {
+        origin.origins.forget_failed(older.bytes);
+    }
+    origin.origins.add_failed(upload.bytes);
+    finish(cache, &upload);
 }
 
 /// The upload is done (or moot): its pending entry and budget bytes go.

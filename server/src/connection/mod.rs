@@ -32,7 +32,8 @@ use hello::*;
 use hydrant_proto::message::{
     BatchGetRequest, BatchItem, FlushRequest, GetRequest, GetRequestRef, HelloRequest,
     HelloResponse, ListEntries, ListEntry, ListRequest, Message, ObjectInfo, ObjectName,
-    PrefetchRequest, PrefetchResult, PutRequest, LIST_ENTRIES_MAX,
+    PrefetchRequest, PrefetchResult, PutRequest, RefusedUpload, UploadsAnswer, UploadsRequest,
+    LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
     payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,

@@ -107,6 +107,7 @@ pub(crate) fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
         ErrorKind::StoreFailed => Status::StoreFailed,
         ErrorKind::ShuttingDown => Status::ShuttingDown,
         ErrorKind::OriginUnavailable => Status::OriginUnavailable,
+        ErrorKind::OriginRefused => Status::OriginRefused,
         ErrorKind::ReadOnly => Status::ReadOnly,
         ErrorKind::Busy => Status::Busy,
         ErrorKind::Timeout => Status::Timeout,
@@ -542,6 +543,34 @@ pub(super) async fn respond(
                 .await
                 .map_err(engine_failure)?;
             Ok((Vec::new(), None))
+        }
+        Opcode::Uploads => {
+            let request = UploadsRequest::decode(extension).map_err(bad_request)?;
+            let (listed, total) = connection
+                .engine
+                .refused_uploads(
+                    request.bucket.as_deref(),
+                    &request.prefix,
+                    request.retry,
+                    request.limit as usize,
+                )
+                .await
+                .map_err(engine_failure)?;
+            let refused = listed
+                .into_iter()
+                .map(|failed| RefusedUpload {
+                    bucket: failed.bucket,
+                    key: failed.key,
+                    seq: failed.seq,
+                    object_bytes: failed.bytes,
+                    reason: failed.reason,
+                })
+                .collect();
+            let answer = UploadsAnswer {
+                total: total as u64,
+                refused,
+            };
+            Ok((Vec::new(), owned_payload(answer.encode())))
         }
         other => Err((
             Status::Unsupported,

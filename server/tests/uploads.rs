@@ -1,0 +1,169 @@
+//! Writes the origin can never take, through the real server process on a folder origin (where
+//! `x` and `x/y` cannot both exist): refused up front when the folder shows it, and otherwise
+//! refused by the uploader for good: kept on NVMe, named by FLUSH, STATS and `uploads`, no
+//! longer holding the dirty budget that other writers wait on, retried when asked.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{object_bytes, Scratch, ServerProcess};
+use hydrant_client::ClientError;
+use hydrant_proto::Status;
+
+fn status(error: &ClientError) -> Option<Status> {
+    match error {
+        ClientError::Status { status, .. } => Status::from_byte(*status).ok(),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_write_the_folder_origin_cannot_hold_is_refused_up_front() {
+    let scratch = Scratch::new("uploads-upfront");
+    let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
+    let mut client = server.client();
+    client.put("data", "x", b"a file").unwrap();
+    client
+        .flush(Some("data"), "", Duration::from_secs(30))
+        .unwrap();
+    let error = client.put("data", "x/y", b"under a file").unwrap_err();
+    assert_eq!(status(&error), Some(Status::OriginRefused), "{error}");
+    assert!(client.get("data", "x/y", None).unwrap_err().is_not_found());
+    client
+        .flush(Some("data"), "", Duration::from_secs(30))
+        .unwrap();
+}
+
+#[test]
+fn an_upload_the_origin_refuses_is_kept_named_and_stops_holding_the_budget() {
+    let scratch = Scratch::new("uploads-refused");
+    let args = ["--dirty-bytes-max", "16MiB"];
+    let mut server = ServerProcess::start(scratch.path(), 768, &args, &[]);
+    let mut client = server.client();
+    // Both dirty before either is uploaded (sent together): the folder cannot show the
+    // conflict yet, and one of the two uploads must fail whatever their order.
+    let file = object_bytes(1, 3 << 20);
+    let under = object_bytes(2, 3 << 20);
+    // When one upload wins the race, the other is refused up front instead: try a new pair.
+    let (parent, child) = (0..20)
+        .map(|attempt| {
+            (
+                format!("conflict{attempt}"),
+                format!("conflict{attempt}/child"),
+            )
+        })
+        .find(|(parent, child)| {
+            let mut pipeline = client.pipeline();
+            pipeline.put("data", parent, &file);
+            pipeline.put("data", child, &under);
+            pipeline.run().unwrap().iter().all(Result::is_ok)
+        })
+        .expect("a pair stored before either was uploaded");
+    let started = Instant::now();
+    let error = client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap_err();
+    assert_eq!(status(&error), Some(Status::OriginRefused), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "FLUSH answered the refusal instead of waiting for its deadline"
+    );
+    assert!(
+        error.to_string().contains(&format!("data/{parent}")),
+        "{error}"
+    );
+    let (refused, total) = client.uploads(Some("data"), "", false, 100).unwrap();
+    assert_eq!(total, 1, "{refused:?}");
+    let refused_key = refused[0].key.clone();
+    assert!(
+        refused_key == parent || refused_key == child,
+        "{refused_key}"
+    );
+    assert_eq!(server.metric("hydrant_uploads_refused"), 1);
+    assert_eq!(server.metric("hydrant_uploads_refused_bytes"), 3 << 20);
+    assert_eq!(
+        server.metric("hydrant_dirty_bytes"),
+        0,
+        "the budget is free again"
+    );
+    // Other writers are not held up: 40 MiB of write-back PUTs through a 16 MiB budget.
+    let started = Instant::now();
+    for index in 0..10 {
+        client
+            .put(
+                "data",
+                &format!("other/{index}"),
+                &object_bytes(10 + index, 4 << 20),
+            )
+            .unwrap();
+    }
+    client
+        .flush(Some("data"), "other/", Duration::from_secs(60))
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The refused version stays readable here, and after a restart it is still refused (tried
+    // once more) and still kept.
+    let expected = if refused_key == parent { &file } else { &under };
+    assert!(&client.get("data", &refused_key, None).unwrap().1 == expected);
+    server.kill();
+    let server = ServerProcess::start(scratch.path(), 768, &args, &[]);
+    let mut client = server.client();
+    assert!(&client.get("data", &refused_key, None).unwrap().1 == expected);
+    let error = client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap_err();
+    assert_eq!(status(&error), Some(Status::OriginRefused), "{error}");
+    // Retried after the conflict is gone: it reaches the origin.
+    let other = if refused_key == parent {
+        &child
+    } else {
+        &parent
+    };
+    client.delete("data", other).unwrap();
+    let (_, queued) = client.uploads(Some("data"), "", true, 100).unwrap();
+    assert_eq!(queued, 1);
+    client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap();
+    let at_origin = std::fs::read(scratch.path().join("origin/data").join(&refused_key)).unwrap();
+    assert!(&at_origin == expected);
+    assert_eq!(client.uploads(None, "", false, 100).unwrap().1, 0);
+}
+
+#[test]
+fn a_flood_of_refused_writes_ends_in_a_clear_refusal() {
+    let scratch = Scratch::new("uploads-flood");
+    let server = ServerProcess::start(scratch.path(), 768, &["--dirty-bytes-max", "8MiB"], &[]);
+    let mut client = server.client();
+    let mut refused_put = None;
+    'pairs: for index in 0..60 {
+        // Sent together, so that both are stored before either is uploaded and one of the two
+        // uploads is refused (or, when the race goes the other way, refused up front).
+        let data = object_bytes(index, 1 << 20);
+        let (parent, child) = (format!("d{index}"), format!("d{index}/child"));
+        let mut pipeline = client.pipeline();
+        pipeline.put("data", &parent, &data);
+        pipeline.put("data", &child, &data);
+        for result in pipeline.run().unwrap() {
+            match result {
+                Err(error) if error.to_string().contains("held on NVMe") => {
+                    refused_put = Some(error);
+                    break 'pairs;
+                }
+                Err(error) => assert_eq!(status(&error), Some(Status::OriginRefused), "{error}"),
+                Ok(_) => {}
+            }
+        }
+        // Let the pair's uploads run.
+        let _ = client.flush(Some("data"), &parent, Duration::from_secs(30));
+    }
+    let error = refused_put.expect("PUTs are refused once refused writes fill their bound");
+    assert_eq!(status(&error), Some(Status::OriginRefused), "{error}");
+    // Nothing was lost: every refused write is listed and readable.
+    let (refused, total) = client.uploads(None, "", false, 1000).unwrap();
+    assert!(total >= 8, "{total}");
+    for upload in refused {
+        client.get(&upload.bucket, &upload.key, None).unwrap();
+    }
+}
