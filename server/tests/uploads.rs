@@ -167,3 +167,36 @@ fn a_flood_of_refused_writes_ends_in_a_clear_refusal() {
         client.get(&upload.bucket, &upload.key, None).unwrap();
     }
 }
+
+#[test]
+fn an_s3_origin_that_refuses_an_upload_does_not_stall_flush() {
+    let s3 = common::S3Server::start();
+    s3.create_bucket("uploads-present");
+    let scratch = Scratch::new("uploads-s3");
+    // One bucket whose origin bucket does not exist (S3 answers 404 NoSuchBucket to every
+    // upload), one that works.
+    let server = ServerProcess::start(
+        scratch.path(),
+        512,
+        &[
+            "--bucket",
+            "gone=s3://uploads-no-such-bucket",
+            "--bucket",
+            "data=s3://uploads-present",
+        ],
+        &s3.env(),
+    );
+    let mut client = server.client();
+    client.put("gone", "a", b"nowhere to go").unwrap();
+    client.put("data", "b", b"somewhere").unwrap();
+    let started = Instant::now();
+    let error = client.flush(None, "", Duration::from_secs(60)).unwrap_err();
+    assert_eq!(status(&error), Some(Status::OriginRefused), "{error}");
+    assert!(error.to_string().contains("gone/a"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(s3.list("uploads-present"), ["b"]);
+    assert_eq!(client.get("gone", "a", None).unwrap().1, b"nowhere to go");
+}

@@ -134,7 +134,10 @@ fn origin_error(
     error: object_store::Error,
 ) -> Error {
     counters.errors.fetch_add(1, Ordering::Relaxed);
-    let kind = if is_permanent(&error) {
+    // Reads take NotFound as an answer before they get here; anywhere else (an upload into a
+    // bucket that does not exist) it will not change on retry either.
+    let absent = matches!(error, object_store::Error::NotFound { .. });
+    let kind = if absent || is_permanent(&error) {
         ErrorKind::OriginRefused
     } else {
         ErrorKind::OriginUnavailable
