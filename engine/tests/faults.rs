@@ -63,8 +63,6 @@ struct KeyModel {
     /// Outcomes of operations that failed after it: each may or may not have happened, and
     /// the later of two that both happened wins.
     indeterminate: Vec<Version>,
-    /// Those of them that failed with NoSpace.
-    no_space: Vec<Version>,
     /// A clean version may be evicted by reclaim: the key may read as absent.
     evicted_maybe: bool,
 }
@@ -74,7 +72,6 @@ impl KeyModel {
         KeyModel {
             acknowledged: Version::Absent,
             indeterminate: Vec::new(),
-            no_space: Vec::new(),
             evicted_maybe: false,
         }
     }
@@ -82,7 +79,6 @@ impl KeyModel {
     fn acknowledge(&mut self, version: Version) {
         self.acknowledged = version;
         self.indeterminate.clear();
-        self.no_space.clear();
         self.evicted_maybe = matches!(version, Version::Put { dirty: false, .. });
     }
 
@@ -300,9 +296,8 @@ struct SeedState {
     wedged: bool,
     /// Writes that failed with NoSpace (treated as indeterminate).
     no_space: u64,
-    /// Failed writes whose outcome a reopen found (those that failed with NoSpace apart).
+    /// Failed writes whose outcome a reopen found.
     failed_found: u64,
-    failed_found_no_space: u64,
     /// Sectors the power cut put back to their old bytes.
     sectors_lost: u64,
 }
@@ -551,15 +546,17 @@ fn check_write(
             state.refused += 1;
             Ok(())
         }
-        // NoSpace is retriable and may leave the put's entries behind, like an I/O error.
-        Some(error) if !injected.any() && error.kind() != ErrorKind::NoSpace => Err(format!(
+        // NoSpace: the store voided whatever the operation wrote before it answered (a void
+        // marker made durable), so it has no effect, now or after any reopen.
+        Some(error) if error.kind() == ErrorKind::NoSpace => {
+            state.no_space += 1;
+            state.refused += 1;
+            Ok(())
+        }
+        Some(error) if !injected.any() => Err(format!(
             "key-{key}: a write failed with no fault injected: {error}"
         )),
-        Some(error) => {
-            if error.kind() == ErrorKind::NoSpace {
-                state.no_space += 1;
-                state.keys[key].no_space.push(version);
-            }
+        Some(_) => {
             state.indeterminate += 1;
             state.keys[key].indeterminate.push(version);
             Ok(())
@@ -693,16 +690,11 @@ async fn verify(state: &mut SeedState, store: &Store) -> Result<(), String> {
         }
         let model = &mut state.keys[key];
         if found != model.acknowledged && model.indeterminate.contains(&found) {
-            if model.no_space.contains(&found) {
-                state.failed_found_no_space += 1;
-            } else {
-                state.failed_found += 1;
-            }
+            state.failed_found += 1;
         }
         let model = &mut state.keys[key];
         model.acknowledged = found;
         model.indeterminate.clear();
-        model.no_space.clear();
         model.evicted_maybe = false;
     }
     let stats = store.stats();
@@ -810,7 +802,6 @@ fn run_seed(seed: u64, directory: &Path) -> (SeedState, Result<(), String>) {
         wedged: false,
         no_space: 0,
         failed_found: 0,
-        failed_found_no_space: 0,
         sectors_lost: 0,
     };
     let outcome = sessions(state);
@@ -879,7 +870,6 @@ struct Totals {
     wedged: Vec<u64>,
     no_space: u64,
     failed_found: u64,
-    failed_found_no_space: u64,
     sectors_lost: u64,
 }
 
@@ -899,7 +889,6 @@ impl Totals {
         }
         self.no_space += state.no_space;
         self.failed_found += state.failed_found;
-        self.failed_found_no_space += state.failed_found_no_space;
         self.sectors_lost += state.sectors_lost;
     }
 }
@@ -939,7 +928,7 @@ fn every_acknowledged_operation_survives_device_faults() {
     let mut summary = String::new();
     let _ = write!(
         summary,
-        "{} seeds: fault fired in {}, store failed in {}, {} power cuts ({} sectors lost), {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate ({} of them NoSpace; found done after reopen: {} and {} NoSpace), {} refused; no free region after a failed reclaim (KNOWN) in seeds {:?}",
+        "{} seeds: fault fired in {}, store failed in {}, {} power cuts ({} sectors lost), {} faulty reopens, reclaim in {}; {} operations acknowledged, {} indeterminate (found done after reopen: {}), {} NoSpace (voided: never found done), {} refused; no free region after a failed reclaim (KNOWN) in seeds {:?}",
         totals.seeds,
         totals.faults_fired,
         totals.stores_failed,
@@ -949,9 +938,8 @@ fn every_acknowledged_operation_survives_device_faults() {
         totals.with_reclaim,
         totals.acknowledged,
         totals.indeterminate,
-        totals.no_space,
         totals.failed_found,
-        totals.failed_found_no_space,
+        totals.no_space,
         totals.refused,
         totals.wedged
     );

@@ -1033,6 +1033,8 @@ impl Store {
     ) -> Result<T> {
         let first = self.entry_buffer(&entries[0].0, entries[0].1);
         let (place, seq) = self.allocate_operation(first.len() as u64, key).await?;
+        // Until every entry was placed once, the version cannot be complete on the device.
+        let all_placed = std::cell::Cell::new(false);
         let result = async {
             for (header, _) in entries.iter_mut() {
                 header.seq = seq;
@@ -1045,6 +1047,7 @@ impl Store {
             for (header, data) in &entries[1..] {
                 placed.push(self.write_entry(header.clone(), data).await?);
             }
+            all_placed.set(true);
             let mut apply = Some(apply);
             for _ in 0..REWRITE_ATTEMPTS_MAX {
                 for entry in &placed {
@@ -1084,15 +1087,18 @@ impl Store {
         }
         .await;
         let result = match result {
-            Err(error) if versioned == Versioned::Yes => Err(self.void(key, seq, error).await),
+            Err(error) if versioned == Versioned::Yes && all_placed.get() => {
+                Err(self.void(key, seq, error).await)
+            }
             other => other,
         };
         self.finish_operation(key, seq, result.is_ok() && versioned == Versioned::Yes);
         result
     }
 
-    /// A put or delete that failed after placing its entries (`NoSpace` after its rewrite
-    /// rounds, say) may still have every entry on the device, and its seq is newer than
+    /// A put or delete that failed after placing all its entries (`NoSpace` after its rewrite
+    /// rounds, say; one that failed before placing them all can never be complete) may still
+    /// have every entry on the device, and its seq is newer than
     /// versions acknowledged before or after it: a void marker (made durable before the error
     /// is answered) keeps recovery from bringing it back. After an I/O error nothing more can
     /// be written and the outcome is unknown (`StoreFailed`, until the store is reopened); a
@@ -1120,7 +1126,11 @@ impl Store {
         // only once they are gone (reclaim takes the oldest region first and never moves
         // entries the index does not hold).
         let written = async {
-            let placed = self.write_entry(header, &[]).await?;
+            // The one write that may take the region kept for reclaim: without the marker
+            // the store would have to stop.
+            let buf = self.entry_buffer(&header, &[]);
+            let place = self.allocate_taking_reserve(buf.len() as u64).await?;
+            let placed = self.write_placed_entry(header, buf, place).await?;
             self.wait_earlier_writes(placed.location.region as usize, placed.offset())
                 .await;
             self.make_durable().await

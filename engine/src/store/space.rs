@@ -70,6 +70,16 @@ impl Store {
         Ok((place, self.begin_operation(key)))
     }
 
+    /// `allocate`, allowed to open the region kept for reclaim (a void marker: one block that
+    /// must be written, or the store stops).
+    pub(super) async fn allocate_taking_reserve(&self, bytes: u64) -> Result<Place> {
+        let _section = self.allocation.enter().await;
+        let reclaiming = self.reclaiming.replace(true);
+        let place = Box::pin(self.allocate_in_section(bytes)).await;
+        self.reclaiming.set(reclaiming);
+        place
+    }
+
     /// `allocate`, for callers already inside the allocation section (reclaim).
     async fn allocate_in_section(&self, bytes: u64) -> Result<Place> {
         assert!(bytes <= self.geometry.region_bytes - BLOCK_BYTES as u64);
