@@ -300,6 +300,7 @@ fn raise_open_files_limit() {
 }
 
 fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("HYDRANT_LOG", "info")).init();
     let arguments = match merge(Arguments::parse()) {
         Ok(arguments) => arguments,
         Err(error) => {

@@ -288,6 +288,18 @@ fn frames_before_hello_are_refused_before_their_bytes_are_held() {
         closed && answers <= 16,
         "{answers} refusals before the close"
     );
+    // A streamed PUT before HELLO: refused at its first frame, the connection closed.
+    let mut stream = server.connect();
+    let frames = streamed_put(8, "early", &object_bytes(4, 30_000), 10);
+    let _ = stream.write_all(&frames.concat());
+    let answer = receive(&mut stream);
+    assert_eq!(answer.status(), Status::Unauthenticated);
+    let mut probe = [0u8; 1];
+    let closed = matches!(std::io::Read::read(&mut stream, &mut probe), Ok(0) | Err(_));
+    assert!(
+        closed,
+        "a streamed request before HELLO closes the connection"
+    );
 }
 
 #[test]

@@ -348,10 +348,14 @@ async fn read_loop(
             }
             let announced = FrameHeader::salvage(&header_bytes)
                 .map(|(_, extension, payload)| extension as u64 + payload);
-            if announced.is_some_and(|bytes| bytes > FRAME_BYTES_BEFORE_HELLO_MAX) {
+            // A streamed request's later frames would be read before its refusal.
+            let streamed = decoded
+                .as_ref()
+                .is_ok_and(|header| header.flags.contains(FrameFlags::MORE));
+            if streamed || announced.is_some_and(|bytes| bytes > FRAME_BYTES_BEFORE_HELLO_MAX) {
                 if let Ok(header) = &decoded {
                     let message = format!(
-                        "send HELLO first; a frame before it carries at most {FRAME_BYTES_BEFORE_HELLO_MAX} bytes"
+                        "send HELLO first; a frame before it carries at most {FRAME_BYTES_BEFORE_HELLO_MAX} bytes and is not streamed"
                     );
                     connection.answer(header, Status::Unauthenticated, &[], message.as_bytes());
                 }
