@@ -375,7 +375,7 @@ impl Store {
         let entry_bytes = header.entry_bytes() as usize;
         let buf = self.arena.allocate(entry_bytes);
         let (result, mut buf) = {
-            let _reader = super::RegionReader::new(self, victim);
+            let _reader = super::read::RegionReader::new(self, victim);
             read_at(
                 self.file_of(victim),
                 buf,
