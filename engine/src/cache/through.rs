@@ -533,6 +533,9 @@ impl Admission<'_> {
             if stored_seq(self.store, self.key) != self.seen_seq || !self.watch.unchanged() {
                 return; // written, deleted or admitted since: this data is not the newest
             }
+            if self.store.head(self.key).is_some_and(|meta| meta.dirty) {
+                return; // a write not yet at the origin is never replaced by origin bytes
+            }
             self.reads.remember(self.key, version.clone());
             self.store
                 .put(self.key.clone(), data, false)

@@ -198,8 +198,7 @@ pub(super) fn format_devices(devices: &[Device], layout: &Layout) -> Result<Vec<
 
 /// Rewrite the superblocks of devices formatted with an older version that this build reads
 /// (both copies, each made durable, before anything else is written): from now on the store may
-/// hold entries that an older build does not know, and such a build must refuse it. A crash
-/// between the copies leaves one copy of each version; the first valid one (the new) wins.
+/// hold entries that an older build does not know, and such a build must refuse it.
 pub(super) fn upgrade_format(
     devices: &[Device],
     superblocks: Vec<Superblock>,
@@ -210,7 +209,10 @@ pub(super) fn upgrade_format(
             let from = superblock.format_version;
             superblock.format_version = FORMAT_VERSION;
             let block = superblock.encode();
-            for offset in SUPERBLOCK_OFFSETS {
+            // The second copy first: until both are upgraded the first (which every build
+            // reads first) still says the old version, so a crash in between leaves a store
+            // that older builds read correctly and this one upgrades again.
+            for offset in SUPERBLOCK_OFFSETS.into_iter().rev() {
                 device.write_durable(offset, &block)?;
             }
             log::info!(

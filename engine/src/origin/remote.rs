@@ -134,9 +134,11 @@ fn origin_error(
     error: object_store::Error,
 ) -> Error {
     counters.errors.fetch_add(1, Ordering::Relaxed);
-    // Reads take NotFound as an answer before they get here; anywhere else (an upload into a
-    // bucket that does not exist) it will not change on retry either.
-    let absent = matches!(error, object_store::Error::NotFound { .. });
+    // Reads take NotFound as an answer before they get here; a PUT's (a bucket that does not
+    // exist) will not change on retry either.
+    // A multipart upload's NotFound (NoSuchUpload: a retried completion that had succeeded,
+    // an upload the origin aborted) is worth starting over; a PUT's is not.
+    let absent = matches!(error, object_store::Error::NotFound { .. }) && what == "store";
     let kind = if absent || is_permanent(&error) {
         ErrorKind::OriginRefused
     } else {
@@ -154,42 +156,63 @@ fn origin_error(
 }
 
 /// Whether an origin's answer will be the same however often the request is retried: it lacks
-/// permission or credentials, cannot hold the name (a folder origin asked for `x/y` where the
-/// file `x` is), or rejects the request (an HTTP 4xx other than 408 and 429). Everything else
-/// (5xx, SlowDown, timeouts, refused or broken connections, a full disk at the origin) is
-/// transient.
+/// permission or credentials (but not an expired token or a skewed clock), cannot hold the name
+/// (a folder origin asked for `x/y` where the file `x` is), or rejects the request outright (HTTP
+/// 401, 403, 405, 411, 413, 414, or a 400 naming a name or size S3 refuses). Everything else is
+/// transient: 5xx, SlowDown, timeouts, broken connections, 408/429, a 400 RequestTimeout, a 409
+/// conflict on an object store, a full disk at the origin.
 pub(crate) fn is_permanent(error: &object_store::Error) -> bool {
     use object_store::Error as Store;
+    let message = error.to_string();
+    let transient_words = [
+        "RequestTimeTooSkewed",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "RequestExpired",
+        "RequestTimeout",
+        "OperationAborted",
+    ];
+    if transient_words.iter().any(|word| message.contains(word)) {
+        return false;
+    }
+    // Local-folder errors carry the io::Error; HTTP ones their status in the message
+    // (object_store's request error type is private).
+    use std::io::ErrorKind as Io;
+    let refused_io = io_kinds(error).any(|kind| {
+        matches!(
+            kind,
+            Io::PermissionDenied
+                | Io::AlreadyExists
+                | Io::NotADirectory
+                | Io::IsADirectory
+                | Io::InvalidFilename
+                | Io::ReadOnlyFilesystem
+                | Io::DirectoryNotEmpty
+        )
+    });
+    if refused_io {
+        return true;
+    }
     match error {
         Store::PermissionDenied { .. }
         | Store::Unauthenticated { .. }
         | Store::InvalidPath { .. }
         | Store::NotSupported { .. }
         | Store::NotImplemented { .. }
-        | Store::AlreadyExists { .. }
         | Store::UnknownConfigurationKey { .. } => true,
-        _ => {
-            // Local-folder errors carry the io::Error; HTTP ones their status in the message
-            // (object_store's request error type is private).
-            use std::io::ErrorKind as Io;
-            let refused_io = io_kinds(error).any(|kind| {
-                matches!(
-                    kind,
-                    Io::PermissionDenied
-                        | Io::AlreadyExists
-                        | Io::NotADirectory
-                        | Io::IsADirectory
-                        | Io::InvalidInput
-                        | Io::InvalidFilename
-                        | Io::ReadOnlyFilesystem
-                        | Io::DirectoryNotEmpty
-                )
-            });
-            refused_io
-                || http_status(&error.to_string()).is_some_and(|status| {
-                    (400..500).contains(&status) && status != 408 && status != 429
-                })
-        }
+        _ => http_status(&message).is_some_and(|status| match status {
+            401 | 403 | 405 | 411 | 413 | 414 => true,
+            400 => [
+                "KeyTooLong",
+                "InvalidBucketName",
+                "EntityTooLarge",
+                "MetadataTooLarge",
+                "InvalidArgument",
+            ]
+            .iter()
+            .any(|code| message.contains(code)),
+            _ => false,
+        }),
     }
 }
 
@@ -493,3 +516,57 @@ pub(crate) async fn list(
 /// The most origin entries one LIST gathers before sorting (a store that does not list in key
 /// order, a local folder, is listed whole up to this bound).
 const LIST_GATHER_MAX: usize = 1_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generic(message: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: message.into(),
+        }
+    }
+
+    #[test]
+    fn answers_that_will_not_change_are_permanent_and_the_rest_transient() {
+        let permanent = [
+            generic("Server returned non-2xx status code: 403 Forbidden: AccessDenied"),
+            generic("Server returned non-2xx status code: 400 Bad Request: <Code>KeyTooLongError</Code>"),
+            object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(std::io::Error::from(std::io::ErrorKind::NotADirectory)),
+            },
+            object_store::Error::PermissionDenied {
+                path: "p".into(),
+                source: "AccessDenied".into(),
+            },
+        ];
+        for error in &permanent {
+            assert!(is_permanent(error), "{error}");
+        }
+        let transient = [
+            generic("Server returned non-2xx status code: 503 Service Unavailable: SlowDown"),
+            generic(
+                "Server returned non-2xx status code: 400 Bad Request: <Code>RequestTimeout</Code>",
+            ),
+            generic("Server returned non-2xx status code: 429 Too Many Requests"),
+            generic("error sending request: connection refused"),
+            object_store::Error::PermissionDenied {
+                path: "p".into(),
+                source: "ExpiredToken".into(),
+            },
+            object_store::Error::AlreadyExists {
+                path: "p".into(),
+                source: "OperationAborted".into(),
+            },
+            object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(std::io::Error::from(std::io::ErrorKind::StorageFull)),
+            },
+        ];
+        for error in &transient {
+            assert!(!is_permanent(error), "{error}");
+        }
+    }
+}

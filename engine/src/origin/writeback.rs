@@ -285,6 +285,15 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
 /// name until it is retried, replaced or deleted.
 fn refused(cache: &Cache, upload: Upload, error: Error) {
     let origin = cache.origin().expect("uploads only with an origin");
+    let current = cache
+        .store()
+        .head(&upload.key)
+        .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
+    if !current {
+        // Deleted or replaced while it was being uploaded: nothing is left to refuse.
+        finish(cache, &upload);
+        return;
+    }
     log::error!(
         "the origin refused {}/{} (version {}, {} bytes); it stays on NVMe until retried, replaced or deleted: {error}",
         upload.key.bucket(),

@@ -28,7 +28,8 @@ struct Candidate {
 #[derive(Default)]
 struct KeyHistory {
     versions: Vec<Candidate>,
-    tombstone: u64,
+    /// Seqs of the key's tombstones (a voided one deletes nothing).
+    tombstones: Vec<u64>,
     /// Versions marked clean (written back to the origin) after they were written dirty.
     cleaned: Vec<u64>,
     /// Versions whose operation failed after writing them (void markers).
@@ -49,9 +50,14 @@ impl IndexBuilder {
             return;
         };
         self.seq_max = self.seq_max.max(header.seq);
+        if matches!(header.kind, EntryKind::Clean | EntryKind::Void) {
+            // A marker names a seq: one that must never be given out again, even when every
+            // entry of that version is gone (else a marker would apply to a new version).
+            self.seq_max = self.seq_max.max(header.object_bytes);
+        }
         let history = self.keys.entry(key).or_default();
         match header.kind {
-            EntryKind::Tombstone => history.tombstone = history.tombstone.max(header.seq),
+            EntryKind::Tombstone => history.tombstones.push(header.seq),
             EntryKind::Seal => {}
             EntryKind::Clean => history.cleaned.push(header.object_bytes),
             EntryKind::Void => history.voided.push(header.object_bytes),
@@ -99,11 +105,18 @@ impl IndexBuilder {
     fn finish(self) -> Index {
         let mut index = Index::default();
         for (key, history) in self.keys {
+            let tombstone = history
+                .tombstones
+                .iter()
+                .copied()
+                .filter(|seq| !history.voided.contains(seq))
+                .max()
+                .unwrap_or(0);
             let newest = history
                 .versions
                 .into_iter()
                 .filter(|version| {
-                    version.seq > history.tombstone
+                    version.seq > tombstone
                         && version.chunks.iter().all(Option::is_some)
                         && !history.voided.contains(&version.seq)
                 })
@@ -272,5 +285,68 @@ impl Store {
             stats.regions_free
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: EntryKind, seq: u64, object_bytes: u64) -> EntryHeader {
+        let chunk = kind == EntryKind::Chunk;
+        EntryHeader {
+            kind,
+            flags: ENTRY_FLAG_DIRTY,
+            chunk_index: 0,
+            chunk_count: u32::from(chunk),
+            data_bytes: if chunk { object_bytes as u32 } else { 0 },
+            seq,
+            region_seq: 1,
+            object_bytes,
+            etag: Vec::new(),
+            bucket: b"b".to_vec(),
+            key: b"k".to_vec(),
+            data_crcs: Vec::new(),
+        }
+    }
+
+    fn rebuilt(entries: &[EntryHeader]) -> (Index, u64) {
+        let mut builder = IndexBuilder::default();
+        for (block, header) in entries.iter().enumerate() {
+            builder.add(0, (block as u64 + 1) * BLOCK_BYTES as u64, header, 4096);
+        }
+        let seq_max = builder.seq_max;
+        (builder.finish(), seq_max)
+    }
+
+    #[test]
+    fn a_voided_tombstone_deletes_nothing_and_a_voided_put_is_not_indexed() {
+        let key = ObjectKey::new("b", "k").unwrap();
+        // Version 5 acknowledged; a delete (7) and a put (8) that failed and were voided.
+        let (index, _) = rebuilt(&[
+            entry(EntryKind::Chunk, 5, 100),
+            entry(EntryKind::Tombstone, 7, 0),
+            entry(EntryKind::Void, 0, 7),
+            entry(EntryKind::Chunk, 8, 200),
+            entry(EntryKind::Void, 0, 8),
+        ]);
+        assert_eq!(index.get(&key).map(|record| record.seq), Some(5));
+        // An acknowledged tombstone still deletes.
+        let (index, _) = rebuilt(&[
+            entry(EntryKind::Chunk, 5, 100),
+            entry(EntryKind::Tombstone, 7, 0),
+        ]);
+        assert!(index.get(&key).is_none());
+    }
+
+    #[test]
+    fn a_seq_named_only_by_a_marker_is_never_given_out_again() {
+        // The voided version's entries are gone; its marker stays.
+        let (_, seq_max) = rebuilt(&[
+            entry(EntryKind::Chunk, 5, 100),
+            entry(EntryKind::Void, 0, 9),
+            entry(EntryKind::Clean, 0, 11),
+        ]);
+        assert!(seq_max >= 11, "{seq_max}");
     }
 }

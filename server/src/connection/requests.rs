@@ -200,6 +200,16 @@ pub(super) async fn get_object(
         let mut room = size.unwrap_or(UNSIZED_ANSWER_RESERVED_BYTES);
         loop {
             let mut reservation = budget.reserve(room as usize).await;
+            // The wait for room may have let a larger version in.
+            let now = cache
+                .store()
+                .version(&key)
+                .map(|version| range_bytes(range, version.bytes));
+            if let Some(now) = now.filter(|&now| now > room) {
+                check_item_size(Some(now), bytes_max).map_err(engine_failure)?;
+                room = now;
+                continue;
+            }
             let read = match cache
                 .get_parts_within(&key, Some(range), room)
                 .await
