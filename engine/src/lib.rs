@@ -22,8 +22,9 @@ pub mod tier;
 
 pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData, Within};
 pub use engine::{
-    Engine, EngineConfig, EngineHandle, FormatPolicy, CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT,
-    IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
+    Engine, EngineConfig, EngineHandle, FormatPolicy, PutSink, StreamedChunk, CHUNK_BYTES_DEFAULT,
+    CRC_BLOCK_BYTES_DEFAULT, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX,
+    REGION_BYTES_DEFAULT,
 };
 pub use origin::{BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, WriteMode};
 pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};

@@ -16,16 +16,7 @@ impl Cache {
         let _change = origin.reads.change(&key);
         let path = route.path(key.key())?;
         if route.write == WriteMode::Back {
-            origin.origins.check_failed_room()?;
-            // Refused now, not after the acknowledgement, what the origin is known not to
-            // be able to hold (a folder origin's file where a folder must go, say).
-            if route.url.starts_with("file://") {
-                let (checked, name) = (route.clone(), key.key().to_string());
-                origin
-                    .origins
-                    .run(async move { remote::check_nameable(&checked, &name) })
-                    .await?;
-            }
+            check_write_back(origin, &route, &key).await?;
         }
         match route.write {
             WriteMode::ReadOnly => Err(read_only(&key, &route)),
@@ -92,6 +83,114 @@ impl Cache {
                     }
                 }
             }
+        }
+    }
+
+    /// Store as `key` an object of `object_bytes` whose bytes arrive on `chunks`, one chunk at a
+    /// time (each exactly a chunk, the last the rest), so that it is never whole in memory. By
+    /// the bucket's write mode as `put`; write-through is written to NVMe first and answered
+    /// once the uploader has it at the origin. A stream that ends early leaves nothing visible.
+    pub async fn put_stream(
+        &self,
+        key: ObjectKey,
+        object_bytes: u64,
+        chunks: &crate::rt::channel::Receiver<crate::engine::StreamedChunk>,
+    ) -> Result<ObjectMeta> {
+        self.invalidate(&key);
+        let Some((origin, route)) = self.route(&key)? else {
+            return self.write_stream(key, object_bytes, false, chunks).await;
+        };
+        let _change = origin.reads.change(&key);
+        route.path(key.key())?;
+        if route.write == WriteMode::ReadOnly {
+            return Err(read_only(&key, &route));
+        }
+        check_write_back(origin, &route, &key).await?;
+        origin.origins.reserve_dirty(object_bytes).await?;
+        let written = {
+            let _guard = self.locks.lock(&key).await;
+            self.write_stream(key.clone(), object_bytes, true, chunks)
+                .await
+        };
+        let meta = match written {
+            Ok(meta) => meta,
+            Err(error) => {
+                origin.origins.release_dirty(object_bytes);
+                return Err(error);
+            }
+        };
+        self.forget_refused(origin, &key);
+        origin.writes.enqueue(Upload {
+            key: key.clone(),
+            seq: meta.seq,
+            bytes: object_bytes,
+            attempts: 0,
+        });
+        if route.write == WriteMode::Through {
+            self.wait_uploaded(origin, &key, meta.seq).await?;
+            return Ok(ObjectMeta {
+                dirty: false,
+                ..meta
+            });
+        }
+        Ok(meta)
+    }
+
+    /// Write a streamed object to NVMe, chunk by chunk as they come.
+    async fn write_stream(
+        &self,
+        key: ObjectKey,
+        object_bytes: u64,
+        dirty: bool,
+        chunks: &crate::rt::channel::Receiver<crate::engine::StreamedChunk>,
+    ) -> Result<ObjectMeta> {
+        let mut put = self.store.begin_put(key, object_bytes, dirty)?;
+        for chunk in 0..put.chunk_count() {
+            let Some(chunk_data) = chunks.recv().await else {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "the stream ended after {chunk} of {} chunks; nothing was stored",
+                        put.chunk_count()
+                    ),
+                ));
+            };
+            let data = &chunk_data.data;
+            if data.len() != put.chunk_len(chunk) {
+                return Err(Error::new(
+                    ErrorKind::InvalidRange,
+                    format!(
+                        "chunk {chunk} has {} bytes, not {}",
+                        data.len(),
+                        put.chunk_len(chunk)
+                    ),
+                ));
+            }
+            put.write_chunk(data).await?;
+            // The chunk's memory (and its room in the node's bound) goes back now.
+            drop(chunk_data);
+        }
+        put.finish().await
+    }
+
+    /// Wait until version `seq` of `key` is at the origin (or no longer stored: deleted or
+    /// replaced); an error when the origin refused it.
+    async fn wait_uploaded(&self, origin: &ShardOrigin, key: &ObjectKey, seq: u64) -> Result<()> {
+        loop {
+            let stored = self.store.head(key);
+            if !stored.is_some_and(|meta| meta.seq == seq && meta.dirty) {
+                return Ok(());
+            }
+            if let Some(refused) = origin
+                .writes
+                .failed_under(key, 1)
+                .0
+                .into_iter()
+                .find(|failed| failed.seq == seq && failed.key == key.key())
+            {
+                return Err(Error::new(ErrorKind::OriginRefused, refused.reason));
+            }
+            origin.writes.changed().await;
         }
     }
 
@@ -228,4 +327,19 @@ pub(super) async fn put_multipart_from_memory(
             upload,
         ))
         .await
+}
+
+/// What a write-back (or streamed write-through) PUT checks before it writes: that refused
+/// uploads leave room, and that the origin is not known to be unable to hold the name (a folder
+/// origin's file where a folder must go, say): refused now, not after the acknowledgement.
+async fn check_write_back(origin: &ShardOrigin, route: &Arc<Route>, key: &ObjectKey) -> Result<()> {
+    origin.origins.check_failed_room()?;
+    if route.url.starts_with("file://") {
+        let (checked, name) = (route.clone(), key.key().to_string());
+        origin
+            .origins
+            .run(async move { remote::check_nameable(&checked, &name) })
+            .await?;
+    }
+    Ok(())
 }

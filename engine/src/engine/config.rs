@@ -54,8 +54,12 @@ pub struct EngineConfig {
     pub inbox_requests_max: usize,
     /// Requests one shard works on at once. Default 256.
     pub requests_in_flight_max: usize,
-    /// The largest object a put accepts. Default 1 GiB.
+    /// The largest object a put accepts (each shard also holds at most half of its space in
+    /// one object). Default 5 TiB, S3's limit.
     pub object_bytes_max: u64,
+    /// Bytes of streamed puts' chunks held in memory at once, all shards and connections
+    /// together; writers wait while it is reached. Default 1 GiB.
+    pub streamed_bytes_max: u64,
     /// Pin shard threads to cores. Default true.
     pub pin_threads: bool,
     /// The cores to pin shards to, shard i on `cpus[i % len]`. Default: shard i on core i. Use it
@@ -91,7 +95,8 @@ impl EngineConfig {
             receive_buffers: crate::rt::RECEIVE_BUFFERS_DEFAULT,
             inbox_requests_max: 1024,
             requests_in_flight_max: 256,
-            object_bytes_max: 1 << 30,
+            object_bytes_max: 5 << 40,
+            streamed_bytes_max: 1 << 30,
             pin_threads: true,
             cpus: None,
             origins: None,

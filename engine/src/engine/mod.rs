@@ -33,6 +33,41 @@ const FLUSH_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 /// An object's metadata and the bytes a get asked for.
 pub type ObjectData = (ObjectMeta, Vec<u8>);
 
+/// Chunks of one streamed put queued for its shard beyond the one being written.
+const PUT_STREAM_CHUNKS_QUEUED: usize = 2;
+/// How often a streamed put waiting for room in the node's bound looks again.
+const STREAMED_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// A streamed put's chunk in memory, counted in the node's bound until dropped.
+pub struct StreamedChunk {
+    pub data: Vec<u8>,
+    held: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    bytes: u64,
+}
+
+impl Drop for StreamedChunk {
+    fn drop(&mut self) {
+        self.held
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// The receiving end of a streamed put's chunks (on the owning shard).
+struct StreamedChunks(channel::Receiver<StreamedChunk>);
+
+/// The sending end of a streamed put (see `EngineHandle::put_stream`).
+pub struct PutSink {
+    chunks: channel::Sender<StreamedChunk>,
+}
+
+impl PutSink {
+    /// Send the next chunk; waits while the shard has `PUT_STREAM_CHUNKS_QUEUED` waiting.
+    /// `false` when the put has already ended (its outcome is the error to report).
+    pub async fn send(&self, chunk: StreamedChunk) -> bool {
+        self.chunks.send(chunk).await.is_ok()
+    }
+}
+
 /// Refused writes a FLUSH names in its error.
 const FLUSH_REFUSED_NAMED_MAX: usize = 5;
 
@@ -76,6 +111,10 @@ pub struct EngineHandle {
     inboxes: Vec<channel::Sender<Message>>,
     object_bytes_max: u64,
     origins: Option<std::sync::Arc<Origins>>,
+    chunk_bytes: u32,
+    /// Bytes of streamed puts' chunks held in memory, all shards (see `StreamedChunk`).
+    streamed_bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    streamed_bytes_max: u64,
 }
 
 impl std::ops::Deref for Engine {
@@ -165,6 +204,9 @@ impl Engine {
                 inboxes: Vec::new(),
                 object_bytes_max: config.object_bytes_max,
                 origins: origins.clone(),
+                chunk_bytes: geometry.chunk_bytes,
+                streamed_bytes: Default::default(),
+                streamed_bytes_max: config.streamed_bytes_max,
             },
             threads: Vec::new(),
             devices,
@@ -259,6 +301,78 @@ impl EngineHandle {
     /// The largest object a put accepts.
     pub fn object_bytes_max(&self) -> u64 {
         self.object_bytes_max
+    }
+
+    /// The chunk size: a streamed put's chunks are this large, the last one the rest.
+    pub fn chunk_bytes(&self) -> u64 {
+        u64::from(self.chunk_bytes)
+    }
+
+    /// Room for a streamed put's chunk of `bytes` in memory, within the node's bound
+    /// (`streamed_bytes_max`, all streams together): waits while the bound is reached, so that
+    /// writers slow down instead of the node running out of memory. The room goes back when
+    /// the chunk (an empty vector of that capacity, to be filled) is dropped.
+    pub async fn streamed_chunk(&self, bytes: usize) -> StreamedChunk {
+        use std::sync::atomic::Ordering;
+        let bytes = bytes as u64;
+        loop {
+            let held = self.streamed_bytes.load(Ordering::Acquire);
+            // One chunk always fits, so that a bound smaller than a chunk cannot stall.
+            if held == 0 || held + bytes <= self.streamed_bytes_max {
+                if self
+                    .streamed_bytes
+                    .compare_exchange(held, held + bytes, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return StreamedChunk {
+                        data: Vec::with_capacity(bytes as usize),
+                        held: self.streamed_bytes.clone(),
+                        bytes,
+                    };
+                }
+                continue;
+            }
+            crate::rt::time::sleep(STREAMED_POLL_INTERVAL).await;
+        }
+    }
+
+    /// Bytes of streamed chunks held in memory now, all shards.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.streamed_bytes
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A put of `object_bytes` bytes that arrive a chunk at a time: send them with the
+    /// returned `PutSink` (each exactly `chunk_bytes`, the last the rest), in order, then
+    /// `finish`; dropping the sink before the last chunk abandons the put (nothing becomes
+    /// visible). The returned future runs the put on the owning shard and must be driven
+    /// meanwhile (spawned), else the sink waits for ever; it ends with the put's outcome.
+    pub fn put_stream(
+        &self,
+        bucket: &str,
+        key: &str,
+        object_bytes: u64,
+    ) -> Result<(
+        PutSink,
+        impl Future<Output = Result<ObjectMeta>> + Send + 'static,
+    )> {
+        let key = ObjectKey::new(bucket, key)?;
+        if object_bytes > self.object_bytes_max {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object is at most {} bytes; this one is {object_bytes}",
+                    self.object_bytes_max
+                ),
+            ));
+        }
+        let (chunks, received) = channel::bounded(PUT_STREAM_CHUNKS_QUEUED);
+        let shard = self.shard_of(&key);
+        let done = self.on_shard(shard, move |cache| async move {
+            let received = StreamedChunks(received);
+            cache.put_stream(key, object_bytes, &received.0).await
+        });
+        Ok((PutSink { chunks }, done))
     }
 
     pub fn shard_count(&self) -> usize {

@@ -493,15 +493,10 @@ impl Origins {
     /// Take `bytes` from the dirty budget, waiting (on the shard) while it is full; BUSY after
     /// `put_wait_max`.
     pub(crate) async fn reserve_dirty(&self, bytes: u64) -> Result<()> {
-        if bytes > self.config.dirty_bytes_max {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "an object of {bytes} bytes is larger than the dirty budget of {} bytes; raise --dirty-bytes-max or write it to a write-through bucket",
-                    self.config.dirty_bytes_max
-                ),
-            ));
-        }
+        // An object larger than the whole budget takes it alone: it waits until no other
+        // write-back bytes are held (dirty bytes then exceed the budget by at most that object,
+        // and nobody else is admitted until it is uploaded).
+        let alone = bytes > self.config.dirty_bytes_max;
         let started = std::time::Instant::now();
         loop {
             let current = self.dirty_bytes.load(Ordering::Acquire);
@@ -509,7 +504,12 @@ impl Origins {
                 self.backpressure.store(false, Ordering::Release);
             }
             if !self.backpressure.load(Ordering::Acquire) {
-                if current + bytes <= self.config.dirty_bytes_max {
+                let fits = if alone {
+                    current == 0
+                } else {
+                    current + bytes <= self.config.dirty_bytes_max
+                };
+                if fits {
                     if self
                         .dirty_bytes
                         .compare_exchange(

@@ -160,6 +160,11 @@ impl WriteBack {
         keys.len()
     }
 
+    /// Wait until an upload finishes (or a key stops uploading).
+    pub async fn changed(&self) {
+        self.changed.wait().await;
+    }
+
     /// Wait until `key` is not being uploaded (a delete must not race an upload that would
     /// bring the object back at the origin).
     pub async fn idle(&self, key: &ObjectKey) {

@@ -13,7 +13,10 @@ mod read;
 mod recovery;
 mod scan;
 mod space;
+mod stream;
 mod write;
+
+pub use stream::PutStream;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -59,6 +62,9 @@ struct RegionState {
     /// only once every write placed before it has completed, so that the log on the device has
     /// no hole before any acknowledged entry (recovery stops at the first hole).
     writes_in_flight: BTreeSet<u64>,
+    /// Chunks of streamed puts in progress held here: reclaim leaves the region until they end
+    /// (their bytes cannot be written again).
+    pinned: u32,
 }
 
 /// Whether an operation makes a new version of its key.

@@ -233,6 +233,9 @@ impl Store {
     /// Move what must stay out of `victim` (written under `region_seq`) and free it; or leave it
     /// for later when a dirty version in it is being superseded right now.
     async fn reclaim_region(&self, victim: usize, region_seq: u64) -> Result<Reclaimed> {
+        if self.regions.borrow()[victim].pinned > 0 {
+            return Ok(Reclaimed::Deferred);
+        }
         let scan = self
             .scan_region(victim, region_seq, ScanMode::Sealed)
             .await?;

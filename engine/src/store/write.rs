@@ -8,54 +8,20 @@ impl Store {
     /// `dirty` pins it until it is written back to the origin.
     pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
         self.writable()?;
-        let limit = self.object_bytes_limit();
-        if data.len() as u64 > limit {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "an object of {} bytes does not fit beside the rest of shard {}: its limit is {limit} bytes",
-                    data.len(),
-                    self.shard
-                ),
-            ));
-        }
+        self.check_object_bytes(data.len() as u64)?;
         let chunk_bytes = self.geometry.chunk_bytes as usize;
         let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
-        let flags = if dirty { ENTRY_FLAG_DIRTY } else { 0 };
         let entries = (0..chunk_count)
             .map(|chunk| {
                 let piece = &data[(chunk * chunk_bytes).min(data.len())
                     ..((chunk + 1) * chunk_bytes).min(data.len())];
-                let header = EntryHeader {
-                    kind: EntryKind::Chunk,
-                    flags,
-                    chunk_index: chunk as u32,
-                    chunk_count: chunk_count as u32,
-                    data_bytes: piece.len() as u32,
-                    seq: 0, // taken when the first chunk is placed
-                    region_seq: 0,
-                    object_bytes: data.len() as u64,
-                    etag: Vec::new(),
-                    bucket: key.bucket_bytes().to_vec(),
-                    key: key.key_bytes().to_vec(),
-                    data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
-                };
+                let header = self.new_chunk_entry(&key, chunk, data.len() as u64, dirty, piece);
                 (header, piece)
             })
             .collect();
         let meta = self
             .write_operation(&key, entries, Versioned::Yes, |seq, locations| {
-                let record = ObjectRecord {
-                    seq,
-                    bytes: data.len() as u64,
-                    flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
-                    chunks: Chunks::from_vec(locations),
-                };
-                let meta = ObjectMeta::of(&key, &record);
-                if seq > self.pending.borrow()[&key].newest_finished {
-                    self.index.borrow_mut().install(key.clone(), record);
-                }
-                meta
+                self.install_put(&key, seq, data.len() as u64, dirty, locations)
             })
             .await?;
         self.count(|counters| {
@@ -63,6 +29,71 @@ impl Store {
             counters.bytes_written += data.len() as u64;
         });
         Ok(meta)
+    }
+
+    /// Refuse an object this shard cannot hold beside the rest of its data.
+    pub(super) fn check_object_bytes(&self, object_bytes: u64) -> Result<()> {
+        let limit = self.object_bytes_limit();
+        if object_bytes > limit {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object of {object_bytes} bytes does not fit beside the rest of shard {}: its limit is {limit} bytes",
+                    self.shard
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The entry header of chunk `chunk` of a put of `object_bytes` (its seq is set when its
+    /// operation's first entry is placed).
+    pub(super) fn new_chunk_entry(
+        &self,
+        key: &ObjectKey,
+        chunk: usize,
+        object_bytes: u64,
+        dirty: bool,
+        piece: &[u8],
+    ) -> EntryHeader {
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        EntryHeader {
+            kind: EntryKind::Chunk,
+            flags: if dirty { ENTRY_FLAG_DIRTY } else { 0 },
+            chunk_index: chunk as u32,
+            chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as u32,
+            data_bytes: piece.len() as u32,
+            seq: 0,
+            region_seq: 0,
+            object_bytes,
+            etag: Vec::new(),
+            bucket: key.bucket_bytes().to_vec(),
+            key: key.key_bytes().to_vec(),
+            data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
+        }
+    }
+
+    /// Make version `seq` of `key` (its chunks at `locations`, all durable) the indexed one,
+    /// unless a newer operation on the key already finished.
+    pub(super) fn install_put(
+        &self,
+        key: &ObjectKey,
+        seq: u64,
+        object_bytes: u64,
+        dirty: bool,
+        locations: Vec<Location>,
+    ) -> ObjectMeta {
+        let record = ObjectRecord {
+            seq,
+            bytes: object_bytes,
+            flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
+            chunks: Chunks::from_vec(locations),
+        };
+        let meta = ObjectMeta::of(key, &record);
+        if seq > self.pending.borrow()[key].newest_finished {
+            self.index.borrow_mut().install(key.clone(), record);
+        }
+        meta
     }
 
     /// The largest object a put accepts on this shard: half of what its regions can hold beside

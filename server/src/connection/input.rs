@@ -161,6 +161,13 @@ impl Input {
         &self.buf().as_slice()[start..start + count]
     }
 
+    /// The next bytes, at most `max` and at most `RECEIVE_BYTES` (waited for, up to that much,
+    /// so that a large payload is received in large pieces without a buffer of its size).
+    pub(super) async fn take_upto(&mut self, max: usize) -> Result<&[u8], String> {
+        let count = max.min(RECEIVE_BYTES);
+        self.take(count).await
+    }
+
     /// The next `count` bytes, waited for (an error if the peer closes before them).
     pub(super) async fn take(&mut self, count: usize) -> Result<&[u8], String> {
         match self.fill(count).await {

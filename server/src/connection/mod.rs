@@ -26,6 +26,7 @@ mod hello;
 mod input;
 mod output;
 pub(crate) mod requests;
+mod stream;
 
 use budget::*;
 use hello::*;
@@ -36,7 +37,7 @@ use hydrant_proto::message::{
     LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
-    payload_crc, FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
+    FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,
     PROTOCOL_VERSION,
 };
 use input::*;
@@ -369,6 +370,11 @@ async fn read_loop(
                 continue;
             }
         };
+        if header.flags.contains(FrameFlags::MORE) {
+            // A streamed request: its payload is taken as it arrives, never whole.
+            stream::stream_in(connection, input, header, in_flight).await?;
+            continue;
+        }
         // The body is used where it was received (the decoder checked its lengths against the
         // limits); it stays there until the next frame is read.
         let extension_len = header.extension_len as usize;
@@ -381,22 +387,8 @@ async fn read_loop(
             refusal = Some((Status::for_error(&error), error.to_string()));
         } else if header.opcode != Opcode::Hello && !connection.greeted.get() {
             refusal = Some((Status::Unauthenticated, "send HELLO first".into()));
-        } else if header.flags.contains(FrameFlags::MORE) && header.opcode != Opcode::Put {
-            refusal = Some((
-                Status::BadRequest,
-                "only PUT may stream over several frames".into(),
-            ));
         }
-        let (header, extension, payload) = if header.flags.contains(FrameFlags::MORE) {
-            // A streamed request is read to its last frame even when refused, so that one
-            // request gets one answer and the stream stays in step.
-            let extension = extension.to_vec();
-            let payload = payload.to_vec();
-            match gather_stream(connection, input, header, &extension, payload, refusal).await? {
-                Some((header, payload)) => (header, extension, payload),
-                None => continue,
-            }
-        } else {
+        let (header, extension, payload) = {
             if let Some((status, message)) = refusal {
                 connection.answer(&header, status, &[], message.as_bytes());
                 continue;
@@ -423,74 +415,6 @@ async fn read_loop(
             permit,
         ));
     }
-}
-
-/// Read the rest of a streamed PUT: frames of the same request id, opcode PUT and no extension,
-/// the last without MORE. They must follow the first one directly. Returns the whole object, or
-/// `None` after answering an error, `refused` included (the stream is read to its end either
-/// way, so the connection stays in step). The object grows as its frames arrive, up to the
-/// engine's object limit.
-async fn gather_stream(
-    connection: &Rc<Connection>,
-    input: &mut Input,
-    first: FrameHeader,
-    extension: &[u8],
-    mut payload: Vec<u8>,
-    mut refused: Option<(Status, String)>,
-) -> Result<Option<(FrameHeader, Vec<u8>)>, String> {
-    let object_bytes = PutRequest::decode(extension).map_or(0, |request| request.object_bytes);
-    let object_bytes_max = connection.engine.object_bytes_max();
-    if refused.is_none() && object_bytes > object_bytes_max {
-        refused = Some((
-            Status::TooLarge,
-            format!("an object is at most {object_bytes_max} bytes"),
-        ));
-    }
-    if refused.is_some() {
-        payload = Vec::new();
-    }
-    loop {
-        if !input
-            .fill(FRAME_HEADER_BYTES)
-            .await
-            .map_err(|error| error.to_string())?
-        {
-            return Err("the peer closed the connection inside a streamed PUT".into());
-        }
-        let header_bytes = input.take_filled(FRAME_HEADER_BYTES);
-        let part = FrameHeader::decode(header_bytes, &connection.limits.get())
-            .map_err(|error| format!("closing the connection: {error}"))?;
-        if part.request_id != first.request_id
-            || part.opcode != Opcode::Put
-            || part.extension_len != 0
-        {
-            return Err(
-                "closing the connection: a streamed PUT's frames must follow each other".into(),
-            );
-        }
-        let data = input.take(part.payload_len as usize).await?;
-        let crc = payload_crc(data);
-        if refused.is_none() {
-            if let Err(error) = part.check_payload_crc(crc) {
-                refused = Some((Status::ChecksumMismatch, error.to_string()));
-            } else if (payload.len() + data.len()) as u64 > object_bytes {
-                refused = Some((Status::BadRequest, "more bytes than object_bytes".into()));
-            } else {
-                payload.extend_from_slice(data);
-            }
-        }
-        if !part.flags.contains(FrameFlags::MORE) {
-            break;
-        }
-    }
-    if let Some((status, message)) = refused {
-        connection.answer(&first, status, &[], message.as_bytes());
-        return Ok(None);
-    }
-    let mut header = first;
-    header.flags = FrameFlags::empty();
-    header.payload_len = payload.len() as u64;
-    Ok(Some((header, payload)))
 }
 
 /// A header that did not decode. If its checksum holds (an unknown opcode, say), answer it,

@@ -1,0 +1,190 @@
+//! A put whose bytes arrive a chunk at a time (a streamed PUT), so that an object of any size
+//! is never whole in memory. Each chunk is written as it comes; the regions that hold them are
+//! kept from reclaim until the put ends (a streamed chunk cannot be written again, its bytes are
+//! gone), and the version is installed all at once when the last chunk is durable. A put that
+//! ends before its last chunk leaves nothing behind: its chunks are never complete, and their
+//! regions go back to reclaim. One that placed every chunk and then failed is voided.
+
+use std::rc::Rc;
+
+use super::*;
+
+/// A put in progress; see the module's comment. Dropped before `finish`, it is abandoned.
+pub struct PutStream {
+    store: Rc<Store>,
+    key: ObjectKey,
+    object_bytes: u64,
+    dirty: bool,
+    chunk_count: usize,
+    /// The operation's seq, once its first chunk is placed.
+    seq: Option<u64>,
+    placed: Vec<PlacedEntry>,
+    /// Regions holding this put's chunks, one entry per chunk (each counted in `pinned`).
+    pinned: Vec<usize>,
+    done: bool,
+}
+
+impl Store {
+    /// Begin a put of `object_bytes` bytes to come, `dirty` or not.
+    pub fn begin_put(
+        self: &Rc<Self>,
+        key: ObjectKey,
+        object_bytes: u64,
+        dirty: bool,
+    ) -> Result<PutStream> {
+        self.writable()?;
+        self.check_object_bytes(object_bytes)?;
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        Ok(PutStream {
+            store: self.clone(),
+            key,
+            object_bytes,
+            dirty,
+            chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as usize,
+            seq: None,
+            placed: Vec::new(),
+            pinned: Vec::new(),
+            done: false,
+        })
+    }
+
+    fn pin(&self, region: usize) {
+        self.regions.borrow_mut()[region].pinned += 1;
+    }
+
+    fn unpin(&self, region: usize) {
+        let mut regions = self.regions.borrow_mut();
+        assert!(
+            regions[region].pinned > 0,
+            "a region unpinned more than pinned"
+        );
+        regions[region].pinned -= 1;
+    }
+}
+
+impl PutStream {
+    /// Bytes each chunk must hold: the chunk size, the last one the rest.
+    pub fn chunk_len(&self, chunk: usize) -> usize {
+        let chunk_bytes = self.store.geometry.chunk_bytes as u64;
+        let start = chunk as u64 * chunk_bytes;
+        (self.object_bytes - start).min(chunk_bytes) as usize
+    }
+
+    /// Chunks the object has.
+    pub fn chunk_count(&self) -> usize {
+        self.chunk_count
+    }
+
+    /// Chunks written so far.
+    pub fn chunks_written(&self) -> usize {
+        self.placed.len()
+    }
+
+    /// Write the next chunk (exactly `chunk_len` bytes); returns once it is written (not yet
+    /// durable).
+    pub async fn write_chunk(&mut self, data: &[u8]) -> Result<()> {
+        let chunk = self.placed.len();
+        assert!(chunk < self.chunk_count, "more chunks than the object has");
+        assert_eq!(
+            data.len(),
+            self.chunk_len(chunk),
+            "a chunk of the wrong size"
+        );
+        let store = self.store.clone();
+        let mut header =
+            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data);
+        let buf = store.entry_buffer(&header, data);
+        let place = match self.seq {
+            None => {
+                let (place, seq) = store
+                    .allocate_operation(buf.len() as u64, &self.key)
+                    .await?;
+                self.seq = Some(seq);
+                place
+            }
+            Some(_) => store.allocate(buf.len() as u64).await?,
+        };
+        // Pinned at once (no await since the place was given): reclaim takes only sealed
+        // regions, and this one cannot be sealed before the next allocation.
+        store.pin(place.region);
+        self.pinned.push(place.region);
+        header.seq = self.seq.expect("taken with the first place");
+        let placed = store.write_placed_entry(header, buf, place).await?;
+        self.placed.push(placed);
+        Ok(())
+    }
+
+    /// Every chunk written: make them durable and install the version. Returns its metadata.
+    pub async fn finish(mut self) -> Result<ObjectMeta> {
+        assert_eq!(
+            self.placed.len(),
+            self.chunk_count,
+            "finish before the last chunk"
+        );
+        let store = self.store.clone();
+        let seq = self.seq.expect("a chunk was placed");
+        let result = async {
+            for entry in &self.placed {
+                store
+                    .wait_earlier_writes(entry.location.region as usize, entry.offset())
+                    .await;
+            }
+            store.make_durable().await?;
+            let regions = store.regions.borrow();
+            let stale = self.placed.iter().any(|entry| {
+                regions[entry.location.region as usize].region_seq != entry.region_seq
+            });
+            assert!(!stale, "a pinned region was reclaimed under a streamed put");
+            Ok(())
+        }
+        .await;
+        let result = match result {
+            Ok(()) => {
+                let locations = self.placed.iter().map(|entry| entry.location).collect();
+                Ok(store.install_put(&self.key, seq, self.object_bytes, self.dirty, locations))
+            }
+            Err(error) => Err(store.void(&self.key, seq, error).await),
+        };
+        self.end(result.is_ok());
+        if result.is_ok() {
+            store.count(|counters| {
+                counters.puts += 1;
+                counters.bytes_written += self.object_bytes;
+            });
+        }
+        result
+    }
+
+    /// Give the regions back to reclaim and end the operation.
+    fn end(&mut self, succeeded: bool) {
+        self.done = true;
+        for region in self.pinned.drain(..) {
+            self.store.unpin(region);
+        }
+        if let Some(seq) = self.seq {
+            self.store.finish_operation(&self.key, seq, succeeded);
+        }
+        self.store.region_idle.wake_all();
+    }
+}
+
+impl Drop for PutStream {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Abandoned. Before its last chunk the version can never be complete: nothing to undo.
+        // With every chunk written it might be, so it is voided, in a task of its own.
+        let all_placed = self.placed.len() == self.chunk_count;
+        let seq = self.seq;
+        self.end(false);
+        if let (true, Some(seq)) = (all_placed, seq) {
+            let store = self.store.clone();
+            let key = self.key.clone();
+            crate::rt::spawn(async move {
+                let abandoned = Error::new(ErrorKind::Io, "the put was abandoned");
+                let _ = store.void(&key, seq, abandoned).await;
+            });
+        }
+    }
+}

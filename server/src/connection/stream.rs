@@ -1,0 +1,219 @@
+//! A streamed PUT (frames flagged MORE): its payload is taken from the connection as it arrives,
+//! in pieces of at most `RECEIVE_BYTES`, cut into the engine's chunks and handed to the owning
+//! shard's put one chunk at a time (`EngineHandle::put_stream`), so that an object of any size
+//! is never whole in memory. A connection holds at most the chunk it is filling and the chunks
+//! queued for the shard; all streams together hold at most the engine's `streamed_bytes_max`,
+//! and a stream waits (the connection is not read) while that is reached. The stream is read to
+//! its last frame even when refused, so that one request gets one answer and the connection
+//! stays in step; a stream cut off or refused midway leaves nothing visible.
+
+use hydrant_engine::{PutSink, StreamedChunk};
+
+use super::*;
+
+/// The put a stream feeds, while it is accepted.
+struct Feeding {
+    sink: PutSink,
+    outcome: hydrant_engine::rt::JoinHandle<hydrant_engine::Result<hydrant_engine::ObjectMeta>>,
+    object_bytes: u64,
+    chunk_bytes: u64,
+    /// Bytes received so far (all of them copied into chunks).
+    received: u64,
+    /// The chunk being filled.
+    chunk: Option<StreamedChunk>,
+    /// The put ended before the stream did (its outcome says why).
+    ended: bool,
+}
+
+impl Feeding {
+    /// Bytes of the chunk that starts at `received`.
+    fn chunk_len(&self) -> usize {
+        (self.object_bytes - self.received).min(self.chunk_bytes) as usize
+    }
+
+    /// Copy `piece` into chunks, handing each full one to the put.
+    async fn feed(&mut self, engine: &EngineHandle, mut piece: &[u8]) {
+        while !piece.is_empty() && !self.ended {
+            if self.chunk.is_none() {
+                self.chunk = Some(engine.streamed_chunk(self.chunk_len()).await);
+            }
+            let chunk = self.chunk.as_mut().expect("just made");
+            let room = chunk.data.capacity() - chunk.data.len();
+            let (now, rest) = piece.split_at(room.min(piece.len()));
+            chunk.data.extend_from_slice(now);
+            self.received += now.len() as u64;
+            piece = rest;
+            if chunk.data.len() == chunk.data.capacity() {
+                self.send_chunk().await;
+            }
+        }
+    }
+
+    async fn send_chunk(&mut self) {
+        let chunk = self.chunk.take().expect("a chunk to send");
+        if !self.sink.send(chunk).await {
+            self.ended = true;
+        }
+    }
+}
+
+/// Read a streamed request whose first frame's header is `first`, and answer it.
+pub(super) async fn stream_in(
+    connection: &Rc<Connection>,
+    input: &mut Input,
+    first: FrameHeader,
+    in_flight: &Rc<Semaphore>,
+) -> Result<(), String> {
+    let started = time::now_coarse();
+    let extension = input.take(first.extension_len as usize).await?.to_vec();
+    let mut refusal = first
+        .check_extension(&extension)
+        .err()
+        .map(|error| (Status::for_error(&error), error.to_string()));
+    if refusal.is_none() && first.opcode != Opcode::Put {
+        refusal = Some((
+            Status::BadRequest,
+            "only PUT may stream over several frames".into(),
+        ));
+    }
+    let mut feeding = None;
+    if refusal.is_none() {
+        match start(connection, &extension) {
+            Ok(started) => feeding = Some(started),
+            Err(refused) => refusal = Some(refused),
+        }
+    }
+    // The PUT counts among the requests in flight from its first frame to its answer.
+    let permit = in_flight.acquire_owned().await;
+    let mut frame = first;
+    let mut bytes_in = FRAME_HEADER_BYTES + extension.len();
+    loop {
+        let mut remaining = frame.payload_len as usize;
+        let mut crc = 0;
+        while remaining > 0 {
+            let piece = input.take_upto(remaining).await?;
+            remaining -= piece.len();
+            crc = hydrant_proto::crc::crc32c_append(crc, piece);
+            if let Some(feeding) = feeding.as_mut() {
+                if feeding.received + piece.len() as u64 > feeding.object_bytes {
+                    refusal = Some((Status::BadRequest, "more bytes than object_bytes".into()));
+                } else {
+                    feeding.feed(&connection.engine, piece).await;
+                }
+            }
+            if refusal.is_some() {
+                // Abandoned: the shard's put ends without its last chunk.
+                feeding = None;
+            }
+        }
+        bytes_in += frame.payload_len as usize;
+        if refusal.is_none() {
+            if let Err(error) = frame.check_payload_crc(crc) {
+                refusal = Some((Status::ChecksumMismatch, error.to_string()));
+                feeding = None;
+            }
+        }
+        if !frame.flags.contains(FrameFlags::MORE) {
+            break;
+        }
+        frame = next_frame(connection, input, &first).await?;
+        bytes_in += FRAME_HEADER_BYTES;
+    }
+    let mut feeding = match (refusal, feeding) {
+        (Some((status, message)), _) => {
+            connection.answer(&first, status, &[], message.as_bytes());
+            metrics::record_request(Opcode::Put, false, started.elapsed(), bytes_in, 0);
+            return Ok(());
+        }
+        (None, None) => unreachable!("an accepted stream feeds a put"),
+        (None, Some(feeding)) => feeding,
+    };
+    if feeding.received < feeding.object_bytes {
+        let message = format!(
+            "the stream carried {} of its {} bytes",
+            feeding.received, feeding.object_bytes
+        );
+        connection.answer(&first, Status::BadRequest, &[], message.as_bytes());
+        return Ok(());
+    }
+    if feeding.object_bytes == 0 && !feeding.ended {
+        // An empty object is one empty chunk.
+        feeding.chunk = Some(connection.engine.streamed_chunk(0).await);
+        feeding.send_chunk().await;
+    }
+    // The shard answers once every chunk is durable; the reader goes on meanwhile.
+    let connection = connection.clone();
+    spawn(async move {
+        let Feeding { sink, outcome, .. } = feeding;
+        drop(sink);
+        let (ok, bytes_out) = match outcome.await {
+            Ok(meta) => {
+                let extension = ObjectInfo {
+                    object_bytes: meta.bytes,
+                    seq: meta.seq,
+                    dirty: meta.dirty,
+                    range_start: 0,
+                }
+                .encode();
+                connection.answer_held(&first, Status::Ok, &extension, None);
+                (true, FRAME_HEADER_BYTES + extension.len())
+            }
+            Err(error) => {
+                let (status, message) = engine_failure(error);
+                connection.answer(&first, status, &[], message.as_bytes());
+                (false, FRAME_HEADER_BYTES + message.len())
+            }
+        };
+        metrics::record_request(Opcode::Put, ok, started.elapsed(), bytes_in, bytes_out);
+        drop(permit);
+    });
+    Ok(())
+}
+
+/// Check a streamed PUT's request and start the owning shard's put.
+fn start(connection: &Connection, extension: &[u8]) -> Result<Feeding, (Status, String)> {
+    let request = PutRequest::decode(extension).map_err(bad_request)?;
+    let (sink, outcome) = connection
+        .engine
+        .put_stream(
+            &request.name.bucket,
+            &request.name.key,
+            request.object_bytes,
+        )
+        .map_err(engine_failure)?;
+    Ok(Feeding {
+        sink,
+        outcome: spawn(outcome),
+        object_bytes: request.object_bytes,
+        chunk_bytes: connection.engine.chunk_bytes(),
+        received: 0,
+        chunk: None,
+        ended: false,
+    })
+}
+
+/// The header of a streamed request's next frame: the same request id and opcode, no
+/// extension. Anything else means the stream cannot be trusted: the connection closes.
+async fn next_frame(
+    connection: &Connection,
+    input: &mut Input,
+    first: &FrameHeader,
+) -> Result<FrameHeader, String> {
+    if !input
+        .fill(FRAME_HEADER_BYTES)
+        .await
+        .map_err(|error| error.to_string())?
+    {
+        return Err("the peer closed the connection inside a streamed request".into());
+    }
+    let header_bytes = input.take_filled(FRAME_HEADER_BYTES);
+    let part = FrameHeader::decode(header_bytes, &connection.limits.get())
+        .map_err(|error| format!("closing the connection: {error}"))?;
+    if part.request_id != first.request_id || part.opcode != first.opcode || part.extension_len != 0
+    {
+        return Err(
+            "closing the connection: a streamed request's frames must follow each other".into(),
+        );
+    }
+    Ok(part)
+}
