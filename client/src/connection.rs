@@ -192,6 +192,9 @@ impl Connection {
             if next.header.request_id != request_id {
                 return Err(malformed("a streamed answer was interrupted"));
             }
+            if next.header.status != 0 {
+                return Err(ClientError::from_answer(next.header.status, &next.payload));
+            }
             answer.payload.extend_from_slice(&next.payload);
             answer.header.flags = next.header.flags;
         }
@@ -282,9 +285,16 @@ impl Connection {
             }
             header = self.receive_header()?;
             expect_request(&header, request_id)?;
-            if header.extension_len != 0 || header.status != 0 {
+            if header.status != 0 {
+                // The server ended the answer early (the object changed while it was sent,
+                // say): its reason follows; what came before is not an answer.
+                let _ = self.receive_extension(&header)?;
+                let reason = self.receive_payload(&header)?;
+                return Err(ClientError::from_answer(header.status, &reason));
+            }
+            if header.extension_len != 0 {
                 return Err(malformed(
-                    "a streamed answer changed its status or extension",
+                    "a streamed answer's later frame has an extension",
                 ));
             }
         }
@@ -416,6 +426,8 @@ impl Connection {
                 .ok_or_else(|| malformed("an answer to a request not sent"))?
                 as usize;
             let frame = match streaming.remove(&request_id) {
+                // A later frame with an error ends the answer: its reason is the answer.
+                Some(_) if frame.header.status != 0 => frame,
                 Some(mut gathered) => {
                     gathered.payload.extend_from_slice(&frame.payload);
                     gathered.header.flags = frame.header.flags;

@@ -25,6 +25,9 @@ pub enum Status {
     ShuttingDown = 0x42,
     NoSpace = 0x43,
     Timeout = 0x44,
+    /// The object changed while a streamed answer was sent (a later frame ends the answer with
+    /// it): read it again.
+    Changed = 0x45,
     // Fatal: 0x80..=0xff.
     Internal = 0x80,
     DataCorrupt = 0x81,
@@ -40,7 +43,7 @@ pub enum StatusClass {
 }
 
 impl Status {
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotFound,
@@ -57,6 +60,7 @@ impl Status {
         Status::ShuttingDown,
         Status::NoSpace,
         Status::Timeout,
+        Status::Changed,
         Status::Internal,
         Status::DataCorrupt,
         Status::StoreFailed,

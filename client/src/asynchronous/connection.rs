@@ -107,6 +107,9 @@ impl Answer {
         let mut answer = self.next().await?;
         while answer.header.flags.contains(FrameFlags::MORE) {
             let next = self.next().await?;
+            if next.header.status != 0 {
+                return Err(ClientError::from_answer(next.header.status, &next.payload));
+            }
             answer.payload.extend_from_slice(&next.payload);
             answer.header.flags = next.header.flags;
         }

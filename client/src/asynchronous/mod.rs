@@ -653,6 +653,13 @@ async fn receive_into(
             break;
         }
         frame = answer.next().await?;
+        if frame.header.status != 0 {
+            // Ended early by the server: its reason, not the rest of the object.
+            return Err(ClientError::from_answer(
+                frame.header.status,
+                &frame.payload,
+            ));
+        }
     }
     if received as u64 != needed {
         return Err(malformed("an answer shorter than its object"));

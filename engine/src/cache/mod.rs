@@ -79,6 +79,7 @@ fn from_memory(
         start: range.start,
         data: memory.narrowed(range.start as usize..range.end as usize),
         from_origin: false,
+        origin_version: 0,
         copied_bytes: 0,
     }
 }
@@ -102,6 +103,9 @@ pub struct CacheRead {
     pub data: Vec<u8>,
     /// Whether the origin was asked for (part of) the data.
     pub from_origin: bool,
+    /// For data read through from the origin, a tag of the origin version it belongs to (0
+    /// otherwise): reads of one object in parts compare it, so as never to join two versions.
+    pub origin_version: u64,
 }
 
 /// Where a read's bytes are.
@@ -233,6 +237,8 @@ pub struct PartsRead {
     pub start: u64,
     pub data: ReadData,
     pub from_origin: bool,
+    /// See `CacheRead::origin_version`.
+    pub origin_version: u64,
     /// Bytes the engine copied with the CPU to produce `data` (0 for NVMe reads, which land in
     /// the pinned buffers by DMA, and for DRAM hits). Origin reads count one copy, a lower bound.
     pub copied_bytes: u64,
@@ -248,6 +254,7 @@ impl PartsRead {
             copied_bytes: read.data.len() as u64,
             data: ReadData::Owned(read.data),
             from_origin: read.from_origin,
+            origin_version: read.origin_version,
         }
     }
 
@@ -260,6 +267,7 @@ impl PartsRead {
             start: self.start,
             data,
             from_origin: self.from_origin,
+            origin_version: self.origin_version,
         }
     }
 }

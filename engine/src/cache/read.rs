@@ -261,6 +261,7 @@ impl Cache {
                         start,
                         data: ReadData::Owned(data).narrowed(start as usize..end as usize),
                         from_origin: false,
+                        origin_version: 0,
                         copied_bytes: 2 * bytes,
                     })));
                 }
@@ -281,6 +282,7 @@ impl Cache {
                 dirty: read.dirty,
                 start: read.start,
                 from_origin: false,
+                origin_version: 0,
                 copied_bytes: 0,
                 data: ReadData::Store(read),
             })

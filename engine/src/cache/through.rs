@@ -167,6 +167,7 @@ impl Cache {
                 start,
                 data: Vec::new(),
                 from_origin: false,
+                origin_version: version_tag(&version),
             }));
         }
         if version.bytes <= chunk_bytes {
@@ -251,6 +252,7 @@ impl Cache {
             start,
             data,
             from_origin,
+            origin_version: version_tag(&version),
         }))
     }
 
@@ -483,6 +485,7 @@ pub(super) fn answer(
         start,
         data: slice.to_vec(),
         from_origin: true,
+        origin_version: version_tag(version),
     })
 }
 

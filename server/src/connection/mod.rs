@@ -196,6 +196,20 @@ impl Connection {
         extension: &[u8],
         payload: Option<Rc<HeldBytes>>,
     ) {
+        self.answer_part(request, status, extension, payload, true);
+    }
+
+    /// Queue part of the answer to `request` (`last`: the answer's end; else its last frame
+    /// carries MORE too and more parts follow), split into frames of the negotiated payload
+    /// limit, the extension (if any) in the first.
+    fn answer_part(
+        &self,
+        request: &FrameHeader,
+        status: Status,
+        extension: &[u8],
+        payload: Option<Rc<HeldBytes>>,
+        last: bool,
+    ) {
         let total = payload.as_ref().map_or(0, |held| held.len());
         let part_bytes = self.limits.get().payload_bytes_max as usize;
         let parts = total.div_ceil(part_bytes).max(1);
@@ -211,7 +225,7 @@ impl Connection {
                     held.crc(range.clone())
                 };
             }
-            if index + 1 < parts {
+            if index + 1 < parts || !last {
                 header.flags = header.flags.with(FrameFlags::MORE);
             }
             self.queue(out_frame(&header, part_extension, payload.clone(), range));

@@ -72,6 +72,19 @@ pub(super) async fn request(
         drop(permit);
         return;
     }
+    if header.opcode == Opcode::Get {
+        let (ok, bytes_out) = match GetRequest::decode(&extension) {
+            Ok(request) => super::stream::answer_get(&connection, &header, request).await,
+            Err(error) => {
+                let (status, message) = bad_request(error);
+                connection.answer(&header, status, &[], message.as_bytes());
+                (false, FRAME_HEADER_BYTES + message.len())
+            }
+        };
+        metrics::record_request(header.opcode, ok, started.elapsed(), bytes_in, bytes_out);
+        drop(permit);
+        return;
+    }
     let (ok, bytes_out) = match respond(&connection, &header, &extension, payload).await {
         Ok((extension, payload)) => {
             let payload_bytes = payload.as_ref().map_or(0, |held| held.len());
@@ -159,8 +172,17 @@ pub(super) fn range_bytes(range: ByteRange, object_bytes: u64) -> u64 {
 /// What the owning shard found for a GET: the bytes (read), or only the size when the answer is
 /// large enough that room must be reserved for it first.
 pub(super) enum Found {
-    Read(ObjectInfo, Vec<u8>),
+    /// The info, the bytes gathered to cross shards, the origin version's tag.
+    Read((ObjectInfo, Vec<u8>, u64)),
     Sized(u64),
+}
+
+/// What a GET read: the answer's info, its bytes where they lie, and (for data read through
+/// from the origin) the origin version's tag (`ReadData::origin_version`).
+pub(super) struct Got {
+    pub(super) info: ObjectInfo,
+    pub(super) held: Rc<HeldBytes>,
+    pub(super) origin_version: u64,
 }
 
 /// One GET, on the shard that owns its key. With `bytes_max`, a read that would return more
@@ -173,7 +195,7 @@ pub(super) async fn get_object(
     connection: &Connection,
     request: GetRequest,
     bytes_max: Option<u64>,
-) -> Result<(ObjectInfo, Rc<HeldBytes>), (Status, String)> {
+) -> Result<Got, (Status, String)> {
     let key = object_key(&request.name)?;
     let range = ByteRange {
         start: request.range_start,
@@ -231,11 +253,16 @@ pub(super) async fn get_object(
                 range_start: read.start,
             };
             metrics::count_copies(metrics::PATH_TCP, read.copied_bytes, read.data.len() as u64);
+            let origin_version = read.origin_version;
             let held = HeldBytes {
                 body: Body::Read(read.data),
                 _reservation: Some(reservation),
             };
-            return Ok((info, Rc::new(held)));
+            return Ok(Got {
+                info,
+                held: Rc::new(held),
+                origin_version,
+            });
         }
     }
     // Another shard's key: small answers come back in one hop; a large one first says its size,
@@ -276,7 +303,7 @@ pub(super) async fn get_object(
                 let (data, gathered) = read.data.into_vec();
                 let copied = read.copied_bytes + gathered;
                 metrics::count_copies(metrics::PATH_TCP, copied, data.len() as u64);
-                Ok(Some(Found::Read(info, data)))
+                Ok(Some(Found::Read((info, data, read.origin_version))))
             })
             .await
             .map_err(engine_failure)?
@@ -287,7 +314,7 @@ pub(super) async fn get_object(
                 drop(reserved.take());
                 reserved = Some((budget.reserve(size as usize).await, size));
             }
-            Found::Read(info, data) => {
+            Found::Read((info, data, origin_version)) => {
                 let reservation = match reserved {
                     Some((mut reservation, _)) => {
                         reservation.shrink_to(data.len());
@@ -300,7 +327,11 @@ pub(super) async fn get_object(
                     body: Body::Owned(data),
                     _reservation: Some(reservation),
                 };
-                return Ok((info, Rc::new(held)));
+                return Ok(Got {
+                    info,
+                    held: Rc::new(held),
+                    origin_version,
+                });
             }
         }
     }
@@ -388,24 +419,24 @@ pub(super) fn answer_item(
     connection: &Connection,
     request: &FrameHeader,
     index: usize,
-    result: Result<(ObjectInfo, Rc<HeldBytes>), (Status, String)>,
+    result: Result<Got, (Status, String)>,
     answered: &Cell<usize>,
     total: usize,
 ) {
     answered.set(answered.get() + 1);
     let payload_max = connection.limits.get().payload_bytes_max;
     let result = match result {
-        Ok((_, held)) if held.len() as u64 > payload_max => Err((
+        Ok(got) if got.held.len() as u64 > payload_max => Err((
             Status::TooLarge,
             format!(
                 "{} bytes exceed the payload limit of {payload_max}; get this item on its own",
-                held.len()
+                got.held.len()
             ),
         )),
         other => other,
     };
     let (status, info, payload) = match result {
-        Ok((info, held)) => (Status::Ok, Some(info), held),
+        Ok(got) => (Status::Ok, Some(got.info), got.held),
         Err((status, message)) => (
             status,
             None,
@@ -439,11 +470,7 @@ pub(super) async fn respond(
 ) -> Answer {
     match header.opcode {
         Opcode::Ping => Ok((Vec::new(), None)),
-        Opcode::Get => {
-            let request = GetRequest::decode(extension).map_err(bad_request)?;
-            let (info, data) = get_object(connection, request, None).await?;
-            Ok((info.encode(), Some(data)))
-        }
+        Opcode::Get => unreachable!("GETs are answered by stream::answer_get"),
         Opcode::Put => {
             let request = PutRequest::decode(extension).map_err(bad_request)?;
             if request.object_bytes != payload.len() as u64 {

@@ -1,3 +1,8 @@
+//! Streams both ways. A GET larger than a chunk is read and sent a chunk at a time, each part's
+//! room taken from the connection's answer budget before it is read (so the budget, not the
+//! object, bounds what the answer holds); every part must be of the version the first was, else
+//! the answer ends with a CHANGED frame.
+//!
 //! A streamed PUT (frames flagged MORE): its payload is taken from the connection as it arrives,
 //! in pieces of at most `RECEIVE_BYTES`, cut into the engine's chunks and handed to the owning
 //! shard's put one chunk at a time (`EngineHandle::put_stream`), so that an object of any size
@@ -216,4 +221,81 @@ async fn next_frame(
         );
     }
     Ok(part)
+}
+
+/// Answer a GET: in one piece when it is at most a chunk, else part by part, one chunk's range
+/// at a time (`ANSWER_BYTES_MAX` of them queued at most, by the answer budget). Returns whether
+/// it succeeded and the bytes it queued.
+pub(super) async fn answer_get(
+    connection: &Rc<Connection>,
+    header: &FrameHeader,
+    request: GetRequest,
+) -> (bool, usize) {
+    let chunk_bytes = connection.engine.chunk_bytes();
+    let part = |start: u64, end: u64| GetRequest {
+        name: request.name.clone(),
+        range_start: start,
+        range_end: Some(end),
+    };
+    let start = request.range_start;
+    let first_end = (start / chunk_bytes + 1) * chunk_bytes;
+    let first_end = request
+        .range_end
+        .map_or(first_end, |end| end.min(first_end));
+    let first = match get_object(connection, part(start, first_end), None).await {
+        Ok(got) => got,
+        Err((status, message)) => {
+            connection.answer(header, status, &[], message.as_bytes());
+            return (false, FRAME_HEADER_BYTES + message.len());
+        }
+    };
+    let info = first.info;
+    let end = request
+        .range_end
+        .map_or(info.object_bytes, |end| end.min(info.object_bytes));
+    let mut position = info.range_start + first.held.len() as u64;
+    let extension = info.encode();
+    let mut bytes_out = FRAME_HEADER_BYTES + extension.len() + first.held.len();
+    connection.answer_part(
+        header,
+        Status::Ok,
+        &extension,
+        Some(first.held),
+        position >= end,
+    );
+    while position < end {
+        let part_end = (position + chunk_bytes).min(end);
+        let got = match get_object(connection, part(position, part_end), None).await {
+            Ok(got) => got,
+            Err((status, message)) => {
+                return end_early(connection, header, status, &message, bytes_out)
+            }
+        };
+        let same = got.info.seq == info.seq
+            && got.info.object_bytes == info.object_bytes
+            && got.origin_version == first.origin_version
+            && got.info.range_start == position
+            && got.held.len() as u64 == part_end - position;
+        if !same {
+            let message = "the object changed while it was read; read it again";
+            return end_early(connection, header, Status::Changed, message, bytes_out);
+        }
+        position = part_end;
+        bytes_out += got.held.len();
+        connection.answer_part(header, Status::Ok, &[], Some(got.held), position >= end);
+    }
+    (true, bytes_out)
+}
+
+/// End a streamed answer with a frame of `status` (its payload the reason): the client
+/// discards what it received of the answer.
+fn end_early(
+    connection: &Connection,
+    header: &FrameHeader,
+    status: Status,
+    message: &str,
+    bytes_out: usize,
+) -> (bool, usize) {
+    connection.answer(header, status, &[], message.as_bytes());
+    (false, bytes_out + FRAME_HEADER_BYTES + message.len())
 }
