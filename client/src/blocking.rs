@@ -53,6 +53,24 @@ impl Inner {
     }
 }
 
+/// A writer that counts what went through it.
+struct Counted<'a> {
+    inner: &'a mut dyn std::io::Write,
+    written: u64,
+}
+
+impl std::io::Write for Counted<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.written += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 pub(crate) fn object_name(bucket: &str, key: &str) -> ObjectName {
     ObjectName {
         bucket: bucket.to_string(),
@@ -202,6 +220,65 @@ impl SharedClient {
             connection.call_with_progress(Opcode::Put, &extension, data, reborrow(&mut progress))
         })?;
         Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    /// Store `object_bytes` read from `source` as `bucket/key`, streamed a frame at a time so
+    /// that the object is never whole in memory (a file of any size). Not retried: the source
+    /// cannot be read again (a `Local` error when it fails or ends early).
+    pub fn put_from(
+        &self,
+        bucket: &str,
+        key: &str,
+        source: &mut dyn std::io::Read,
+        object_bytes: u64,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<ObjectInfo> {
+        let extension = PutRequest {
+            name: object_name(bucket, key),
+            object_bytes,
+        }
+        .encode();
+        let index = self.owner(bucket, key);
+        let answer = self
+            .inner
+            .on_node(index, &RetryPolicy::never(), |connection| {
+                connection.put_from(&extension, object_bytes, source, reborrow(&mut progress))
+            })?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
+    /// The object (or a range, as `get`), written to `destination` frame by frame as it
+    /// arrives (each checked first), never whole in memory. Retried only until its first byte
+    /// is written (then a failure is a `Local` error: what was written is not the object).
+    pub fn get_to(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        destination: &mut dyn std::io::Write,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<ObjectInfo> {
+        let request = get_request(bucket, key, range);
+        let extension = request.encode();
+        let mut counted = Counted {
+            inner: destination,
+            written: 0,
+        };
+        let (info, _) = self.on_owner(bucket, key, |connection| {
+            if counted.written > 0 {
+                return Err(ClientError::Local(std::io::Error::other(format!(
+                    "the read of {bucket}/{key} broke off after {} bytes were written; not retried",
+                    counted.written
+                ))));
+            }
+            connection.get(
+                &extension,
+                request.range_end,
+                Destination::Write(&mut counted),
+                reborrow(&mut progress),
+            )
+        })?;
+        Ok(info)
     }
 
     /// The object (or bytes `start..end` of it, `end` exclusive; `None`: to the end).
@@ -727,6 +804,32 @@ impl Client {
 
     pub fn flush(&mut self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
         self.shared.flush(bucket, prefix, timeout)
+    }
+
+    /// See [`SharedClient::put_from`].
+    pub fn put_from(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        source: &mut dyn std::io::Read,
+        object_bytes: u64,
+        progress: Option<Progress<'_>>,
+    ) -> Result<ObjectInfo> {
+        self.shared
+            .put_from(bucket, key, source, object_bytes, progress)
+    }
+
+    /// See [`SharedClient::get_to`].
+    pub fn get_to(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        destination: &mut dyn std::io::Write,
+        progress: Option<Progress<'_>>,
+    ) -> Result<ObjectInfo> {
+        self.shared
+            .get_to(bucket, key, range, destination, progress)
     }
 
     /// See [`SharedClient::uploads`].

@@ -18,9 +18,14 @@ use crate::frames::{
 use crate::ItemResult;
 
 /// Where a GET's bytes go: a vector sized from the answer, or the caller's buffer.
+/// Bytes of a streamed PUT read from its source and sent at once.
+const PUT_FRAME_BYTES_MAX: u64 = 8 << 20;
+
 pub(crate) enum Destination<'a> {
     Grow(&'a mut Vec<u8>),
     Fixed(&'a mut [u8]),
+    /// Written frame by frame as they arrive (each checked before it is written).
+    Write(&'a mut dyn std::io::Write),
 }
 
 /// One request of a pipelined batch.
@@ -248,6 +253,10 @@ impl Connection {
         }
         let info = ObjectInfo::decode(&extension)?;
         let needed = answer_bytes(&info, range_end);
+        if let Destination::Write(writer) = destination {
+            let written = self.receive_to_writer(request_id, header, needed, writer, progress)?;
+            return Ok((info, written));
+        }
         let target: &mut [u8] = match destination {
             Destination::Grow(vector) => {
                 let needed = usize::try_from(needed)
@@ -263,6 +272,7 @@ impl Connection {
                 })
             }
             Destination::Fixed(buffer) => buffer,
+            Destination::Write(_) => unreachable!("written above"),
         };
         let mut received = 0usize;
         loop {
@@ -302,6 +312,113 @@ impl Connection {
             return Err(malformed("an answer shorter than its object"));
         }
         Ok((info, received))
+    }
+
+    /// The rest of an answer whose first frame's header is `header`, each frame's payload
+    /// checked and then written to `writer`; returns the bytes written (`needed` in all).
+    fn receive_to_writer(
+        &mut self,
+        request_id: u64,
+        mut header: FrameHeader,
+        needed: u64,
+        writer: &mut dyn std::io::Write,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<usize> {
+        let mut frame = Vec::new();
+        let mut written = 0u64;
+        loop {
+            if written + header.payload_len > needed {
+                return Err(malformed("an answer longer than its object"));
+            }
+            frame.resize(header.payload_len as usize, 0);
+            self.stream.read_exact(&mut frame)?;
+            header.check_payload_crc(hydrant_proto::crc::crc32c_append(0, &frame))?;
+            writer.write_all(&frame).map_err(ClientError::Local)?;
+            written += frame.len() as u64;
+            if let Some(progress) = progress.as_mut() {
+                progress(written, needed);
+            }
+            if !header.flags.contains(FrameFlags::MORE) {
+                break;
+            }
+            header = self.receive_header()?;
+            expect_request(&header, request_id)?;
+            if header.status != 0 {
+                let _ = self.receive_extension(&header)?;
+                let reason = self.receive_payload(&header)?;
+                return Err(ClientError::from_answer(header.status, &reason));
+            }
+            if header.extension_len != 0 {
+                return Err(malformed(
+                    "a streamed answer's later frame has an extension",
+                ));
+            }
+        }
+        if written != needed {
+            return Err(malformed("an answer shorter than its object"));
+        }
+        Ok(written as usize)
+    }
+
+    /// A PUT of `object_bytes` read from `source` as it is sent, a frame at a time (at most
+    /// `PUT_FRAME_BYTES_MAX` of it in memory): the object is never whole here.
+    pub(crate) fn put_from(
+        &mut self,
+        extension: &[u8],
+        object_bytes: u64,
+        source: &mut dyn std::io::Read,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<Frame> {
+        let result = (|| {
+            let request_id = self.take_request_id();
+            let frame_bytes = self.limits.payload_bytes_max.min(PUT_FRAME_BYTES_MAX);
+            let mut buffer = Vec::new();
+            let mut sent = 0u64;
+            loop {
+                let this = (object_bytes - sent).min(frame_bytes) as usize;
+                buffer.resize(this, 0);
+                source.read_exact(&mut buffer).map_err(ClientError::Local)?;
+                let first = sent == 0;
+                let last = sent + this as u64 == object_bytes;
+                let extension = if first { extension } else { &[][..] };
+                let crc = if buffer.is_empty() {
+                    0
+                } else {
+                    hydrant_proto::crc::crc32c_append(0, &buffer)
+                };
+                let mut header =
+                    FrameHeader::new(Opcode::Put, request_id, extension, this as u64, crc);
+                if !last {
+                    header.flags = header.flags.with(FrameFlags::MORE);
+                }
+                let stream = self.stream.get_mut();
+                stream.write_all(&header.encode())?;
+                stream.write_all(extension)?;
+                stream.write_all(&buffer)?;
+                sent += this as u64;
+                if let Some(progress) = progress.as_mut() {
+                    progress(sent, object_bytes);
+                }
+                if last {
+                    break;
+                }
+            }
+            let answer = self.receive()?;
+            expect_request(&answer.header, request_id)?;
+            if answer.header.status != 0 {
+                return Err(ClientError::from_answer(
+                    answer.header.status,
+                    &answer.payload,
+                ));
+            }
+            Ok(answer)
+        })();
+        if matches!(result, Err(ClientError::Local(_))) {
+            // Frames of the PUT may be half sent: the connection cannot be used again.
+            self.broken = true;
+        }
+        self.note(&result);
+        result
     }
 
     /// Send one BATCH_GET and gather its answers (one frame per item, the last without MORE).

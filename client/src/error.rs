@@ -19,6 +19,9 @@ pub enum ClientError {
     /// `get_into`'s buffer cannot hold the answer: `needed` bytes, `capacity` given. Nothing was
     /// copied into it.
     BufferTooSmall { needed: u64, capacity: usize },
+    /// The caller's reader or writer failed (a streamed put's source, a streamed get's
+    /// destination), or a stream broke off after some of its bytes were written: not retried.
+    Local(io::Error),
 }
 
 impl ClientError {
@@ -77,6 +80,7 @@ impl fmt::Display for ClientError {
                 formatter,
                 "the answer has {needed} bytes, the buffer holds {capacity}"
             ),
+            ClientError::Local(error) => write!(formatter, "{error}"),
         }
     }
 }

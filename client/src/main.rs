@@ -6,7 +6,7 @@
 
 mod progress;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -90,6 +90,31 @@ enum Command {
     },
 }
 
+/// Standard input as a PUT's source and its size: as it is when it is a regular file,
+/// else copied into an unlinked temporary file first.
+fn stdin_source() -> Result<(std::fs::File, u64), ClientError> {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let handle = stdin.as_fd().try_clone_to_owned()?;
+    let file = std::fs::File::from(handle);
+    let meta = file.metadata()?;
+    if meta.is_file() {
+        let position = std::io::Seek::stream_position(&mut &file)?;
+        return Ok((file, meta.len().saturating_sub(position)));
+    }
+    let directory = std::env::temp_dir();
+    let path = directory.join(format!("hydrant-put-{}", std::process::id()));
+    let mut spool = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let _ = std::fs::remove_file(&path);
+    let bytes = std::io::copy(&mut stdin.lock(), &mut spool)?;
+    std::io::Seek::rewind(&mut spool)?;
+    Ok((spool, bytes))
+}
+
 /// Refused writes `hydrant uploads` shows per server.
 const UPLOADS_SHOWN_MAX: u32 = 1000;
 
@@ -152,18 +177,29 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
     match &arguments.command {
         Command::Put { object, file } => {
             let (bucket, key) = split_object(object)?;
-            let data = match file.as_deref() {
-                None | Some("-") => {
-                    let mut data = Vec::new();
-                    std::io::stdin().read_to_end(&mut data)?;
-                    data
+            // Streamed from the file (or standard input, spooled to a temporary file first
+            // when it is a pipe, since a PUT states its size up front): never whole in memory.
+            let (mut source, object_bytes) = match file.as_deref() {
+                None | Some("-") => stdin_source()?,
+                Some(path) => {
+                    let source =
+                        std::fs::File::open(path).map_err(|error| local_error(path, error))?;
+                    let bytes = source
+                        .metadata()
+                        .map_err(|error| local_error(path, error))?
+                        .len();
+                    (source, bytes)
                 }
-                Some(path) => std::fs::read(path).map_err(|error| local_error(path, error))?,
             };
+            let mut reader = std::io::BufReader::with_capacity(1 << 20, &mut source);
             let mut bar = ProgressBar::for_stderr();
-            let info = connect()?.put_with_progress(bucket, key, &data, &mut |done, total| {
-                bar.update(done, total)
-            })?;
+            let info = connect()?.put_from(
+                bucket,
+                key,
+                &mut reader,
+                object_bytes,
+                Some(&mut |done, total| bar.update(done, total)),
+            )?;
             bar.finish();
             eprintln!(
                 "stored {object}: {} bytes, version {}",
@@ -178,17 +214,25 @@ fn run(arguments: Arguments) -> Result<(), ClientError> {
             let (bucket, key) = split_object(object)?;
             let range = range.as_deref().map(parse_range).transpose()?;
             let mut bar = ProgressBar::for_stderr();
-            let (_, data) =
-                connect()?.get_with_progress(bucket, key, range, &mut |done, total| {
-                    bar.update(done, total)
-                })?;
-            bar.finish();
+            let mut progress = |done, total| bar.update(done, total);
+            let mut client = connect()?;
+            // Written as it arrives, never whole in memory.
             match file.as_deref() {
-                None | Some("-") => std::io::stdout().write_all(&data)?,
+                None | Some("-") => {
+                    let stdout = std::io::stdout();
+                    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+                    client.get_to(bucket, key, range, &mut out, Some(&mut progress))?;
+                    out.flush()?;
+                }
                 Some(path) => {
-                    std::fs::write(path, &data).map_err(|error| local_error(path, error))?
+                    let file =
+                        std::fs::File::create(path).map_err(|error| local_error(path, error))?;
+                    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                    client.get_to(bucket, key, range, &mut out, Some(&mut progress))?;
+                    out.flush().map_err(|error| local_error(path, error))?;
                 }
             }
+            bar.finish();
         }
         Command::Stat { object } => {
             let (bucket, key) = split_object(object)?;
