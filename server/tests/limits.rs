@@ -86,33 +86,6 @@ fn a_slow_streamed_put_is_not_cut_by_the_idle_timeout_but_a_quiet_connection_is(
     );
 }
 
-/// The server's RSS, sampled every 20 ms while `work` runs; the largest growth seen.
-fn rss_growth_during(server: &ServerProcess, work: impl FnOnce()) -> u64 {
-    let pid = server.child.id();
-    let before = common::resident_bytes(pid);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut highest = 0;
-            // The process may be gone when a test fails: then the samples end.
-            let sample = || {
-                std::fs::metadata(format!("/proc/{pid}"))
-                    .is_ok()
-                    .then(|| common::resident_bytes(pid))
-            };
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                highest = highest.max(sample().unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            highest.max(sample().unwrap_or(0))
-        })
-    };
-    work();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    sampler.join().unwrap().saturating_sub(before)
-}
-
 const MIB: u64 = 1 << 20;
 
 #[test]
@@ -155,7 +128,7 @@ fn batch_items_waiting_on_a_slow_origin_hold_bounded_memory() {
     }
     let batch = batch.finish();
     let mut stream = server.greeted();
-    let growth = rss_growth_during(&server, || {
+    let ((), growth) = common::rss_growth_during(&server, server.resident_bytes(), || {
         let mut frames = Vec::new();
         for id in 0..BATCHES {
             frames.extend(common::frame(Opcode::BatchGet, 100 + id, &batch, &[]));
@@ -198,7 +171,7 @@ fn pipelined_gets_read_through_from_the_origin_reserve_room_before_they_read() {
         range_end: None,
     };
     let mut stream = server.greeted();
-    let growth = rss_growth_during(&server, || {
+    let ((), growth) = common::rss_growth_during(&server, server.resident_bytes(), || {
         for id in 0..8 {
             common::send(&mut stream, Opcode::Get, 10 + id, &get.encode(), &[]);
         }
@@ -233,7 +206,7 @@ fn frames_before_hello_are_refused_before_their_bytes_are_held() {
     let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
     let payload = vec![7u8; 16 << 20];
     let frame = common::frame(Opcode::Ping, 5, &[], &payload);
-    let growth = rss_growth_during(&server, || {
+    let ((), growth) = common::rss_growth_during(&server, server.resident_bytes(), || {
         let senders: Vec<_> = (0..24)
             .map(|_| {
                 let mut stream = server.connect();
@@ -322,4 +295,29 @@ fn naming_buckets_creates_nothing_at_the_origin() {
         "the origin folder holds {} entries",
         created.len()
     );
+}
+
+#[test]
+fn a_streamed_put_larger_than_its_shard_holds_is_refused_as_too_large_and_leaves_nothing() {
+    // One shard on 256 MiB: it holds at most half a region of one object.
+    let scratch = Scratch::new("limits-too-large");
+    let server = ServerProcess::start_shards(scratch.path(), 1, 256, &["--origin", "none"], &[]);
+    let size = 200 << 20;
+    let mut client = server.client();
+    let mut source = common::Generated::new(5, size);
+    let error = client
+        .put_from("data", "huge", &mut source, size, None)
+        .unwrap_err();
+    match &error {
+        hydrant_client::ClientError::Status { status, message } => {
+            assert_eq!(*status, Status::TooLarge as u8, "{message}");
+            assert!(message.contains("does not fit"), "{message}");
+        }
+        other => panic!("expected TOO_LARGE, got {other:?}"),
+    }
+    assert!(client.head("data", "huge").unwrap_err().is_not_found());
+    assert_eq!(server.metric("hydrant_objects"), 0);
+    // The connection and the shard go on.
+    client.put("data", "small", b"fits").unwrap();
+    assert_eq!(client.get("data", "small", None).unwrap().1, b"fits");
 }

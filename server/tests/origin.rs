@@ -414,15 +414,15 @@ fn range_reads_of_a_large_object_cache_only_the_chunks_touched() {
     // sequential chunk reads) finish.
     std::thread::sleep(Duration::from_millis(500));
     let gets_after_first = proxy.stats().gets_of("/ranges/big");
-    // The first chunk (which told the size), chunk 10, chunks 40 and 41, and perhaps the chunks
-    // read ahead after 41: never the whole object.
+    // The first chunk (which told the size), chunk 10, chunks 40 and 41, and perhaps the 8
+    // chunks read ahead after 41: never the whole object (64 chunks).
     assert!(
-        (4..=6).contains(&gets_after_first),
+        (4..=12).contains(&gets_after_first),
         "{gets_after_first} origin GETs"
     );
     let stored = server.metric("hydrant_object_bytes") - stored_before;
     assert!(
-        (4 * CHUNK_BYTES..=6 * CHUNK_BYTES).contains(&stored),
+        (4 * CHUNK_BYTES..=12 * CHUNK_BYTES).contains(&stored),
         "{stored} bytes cached for four chunks touched (plus readahead)"
     );
     for (start, end) in ranges {

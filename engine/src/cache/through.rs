@@ -271,6 +271,9 @@ impl Cache {
             let Some(chunk_key) = chunk_key(key, version, chunk) else {
                 return; // nowhere to keep it
             };
+            if origin.reads.flights() >= READAHEAD_FLIGHTS_MAX {
+                return;
+            }
             if self.store.head(&chunk_key).is_some()
                 || origin.reads.in_flight(&(key.clone(), chunk))
             {

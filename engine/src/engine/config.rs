@@ -58,7 +58,8 @@ pub struct EngineConfig {
     /// one object). Default 5 TiB, S3's limit.
     pub object_bytes_max: u64,
     /// Bytes of streamed puts' chunks held in memory at once, all shards and connections
-    /// together; writers wait while it is reached. Default 1 GiB.
+    /// together; writers wait while it is reached. Default 128 MiB (32 chunks: enough to keep
+    /// the devices busy, since each shard writes at most 4 streamed chunks at once).
     pub streamed_bytes_max: u64,
     /// Pin shard threads to cores. Default true.
     pub pin_threads: bool,
@@ -96,7 +97,7 @@ impl EngineConfig {
             inbox_requests_max: 1024,
             requests_in_flight_max: 256,
             object_bytes_max: 5 << 40,
-            streamed_bytes_max: 1 << 30,
+            streamed_bytes_max: 128 << 20,
             pin_threads: true,
             cpus: None,
             origins: None,

@@ -126,6 +126,11 @@ impl Reads {
         previous.is_some_and(|previous| previous + 1 == first || previous == first)
     }
 
+    /// Origin reads in flight on this shard.
+    pub fn flights(&self) -> usize {
+        self.flights.borrow().len()
+    }
+
     pub fn in_flight(&self, flight: &FlightKey) -> bool {
         self.flights.borrow().contains_key(flight)
     }

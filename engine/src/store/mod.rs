@@ -265,6 +265,10 @@ pub struct DirectRead {
     pub len: u64,
 }
 
+/// Chunks of streamed puts one shard copies and writes at once (4 of 4 MiB keep a device busy:
+/// its bytes in flight are bounded at 8 MiB by default).
+const STREAMED_WRITES_MAX: usize = 4;
+
 /// How many times an operation rewrites entries that reclaim took from under it before it
 /// gives up with a retriable NoSpace.
 const REWRITE_ATTEMPTS_MAX: usize = 3;
@@ -302,6 +306,9 @@ pub struct Store {
     reclaiming: Cell<bool>,
     /// Woken when a region's readers or writes drain.
     region_idle: WaitQueue,
+    /// Chunks of streamed puts being copied and written at once (each copy is a chunk of
+    /// memory: the bound keeps them few however many streams arrive).
+    streamed_writes: crate::rt::sync::Semaphore,
     failure: RefCell<Option<String>>,
     counters: RefCell<Counters>,
 }
@@ -344,6 +351,7 @@ impl Store {
             allocation: Section::default(),
             reclaiming: Cell::new(false),
             region_idle: WaitQueue::new(),
+            streamed_writes: crate::rt::sync::Semaphore::new(STREAMED_WRITES_MAX),
             failure: RefCell::new(None),
             counters: RefCell::new(Counters::default()),
         }

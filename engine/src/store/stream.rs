@@ -33,7 +33,16 @@ impl Store {
         dirty: bool,
     ) -> Result<PutStream> {
         self.writable()?;
-        self.check_object_bytes(object_bytes)?;
+        let limit = self.streamed_object_bytes_limit();
+        if object_bytes > limit {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "an object of {object_bytes} bytes does not fit in shard {}: it holds at most {limit} bytes of one object",
+                    self.shard
+                ),
+            ));
+        }
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         Ok(PutStream {
             store: self.clone(),
@@ -91,6 +100,7 @@ impl PutStream {
             "a chunk of the wrong size"
         );
         let store = self.store.clone();
+        let _writing = store.streamed_writes.acquire().await;
         let mut header =
             store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data);
         let buf = store.entry_buffer(&header, data);

@@ -96,6 +96,18 @@ impl Store {
         meta
     }
 
+    /// The largest object a streamed put accepts: as many whole chunk entries as the regions
+    /// beside the reserve (and the open one) hold, and never less than a put from memory
+    /// accepts. Its chunks stay pinned until it ends, so it never reclaims them; other data may
+    /// be evicted (or, if pinned, make it fail with NoSpace midway, leaving nothing behind).
+    pub(super) fn streamed_object_bytes_limit(&self) -> u64 {
+        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE + 1) as u64;
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        let entries_per_region =
+            (self.geometry.region_bytes - BLOCK_BYTES as u64) / (chunk_bytes + BLOCK_BYTES as u64);
+        (usable_regions * entries_per_region * chunk_bytes).max(self.object_bytes_limit())
+    }
+
     /// The largest object a put accepts on this shard: half of what its regions can hold beside
     /// the reserve that reclaim needs, so that writing it never has to reclaim its own chunks.
     pub(super) fn object_bytes_limit(&self) -> u64 {

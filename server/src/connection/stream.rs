@@ -134,11 +134,23 @@ pub(super) async fn stream_in(
         (None, Some(feeding)) => feeding,
     };
     if feeding.received < feeding.object_bytes {
-        let message = format!(
-            "the stream carried {} of its {} bytes",
-            feeding.received, feeding.object_bytes
+        // The put failed midway (its outcome says why), or the stream was short.
+        let short = (
+            Status::BadRequest,
+            format!(
+                "the stream carried {} of its {} bytes",
+                feeding.received, feeding.object_bytes
+            ),
         );
-        connection.answer(&first, Status::BadRequest, &[], message.as_bytes());
+        let (status, message) = if feeding.ended {
+            let Feeding { sink, outcome, .. } = feeding;
+            drop(sink);
+            outcome.await.err().map_or(short, engine_failure)
+        } else {
+            short
+        };
+        connection.answer(&first, status, &[], message.as_bytes());
+        metrics::record_request(Opcode::Put, false, started.elapsed(), bytes_in, 0);
         return Ok(());
     }
     if feeding.object_bytes == 0 && !feeding.ended {
