@@ -9,7 +9,7 @@
 //! - `demo`: the engine on its embedded defaults, for a first look.
 //! - `trace`: eviction policies replaying a cache trace, miss ratios side by side.
 //! - `policy-ops`: eviction policies' operations per second on one core.
-//! - `get`, `put`, `mixed`, `shards`, `checkpoint`: workloads against running servers (issue 6),
+//! - `get`, `put`, `mixed`, `shards`, `checkpoint`: workloads against running servers,
 //!   a table and a versioned JSON report each; `report` compares such reports in a table and plots.
 //! - `serve`: a hydrant server with no origin for those workloads, until Ctrl-C.
 //! - `fio-report`: the JSON reports of `fio-profiles/run.sh` as one table.

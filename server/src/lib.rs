@@ -2,8 +2,9 @@
 //! the shards), each connection served by the executor of the shard that accepted it. Requests
 //! for keys of another shard are forwarded to it through the engine's bounded inboxes.
 //!
-//! Built so far (issue 3, in progress): HELLO (version, limits, token proof), PING, GET, PUT (one
-//! frame), HEAD, DELETE, LIST, with pipelined requests answered as they complete.
+//! Operations: HELLO (version, limits, token proof), PING, GET, PUT (streamed over several frames
+//! when large), HEAD, DELETE, LIST, BATCH_GET, STATS, FLUSH, PREFETCH, UPLOADS; pipelined
+//! requests are answered as they complete (docs/protocol.md).
 
 mod connection;
 mod local;

@@ -17,7 +17,10 @@ use hydrant_engine::{
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
 
-#[derive(Parser)]
+/// Every setting: from flags and the environment (clap), and from a `--config` TOML file
+/// (serde, the same fields), merged by [`merge`].
+#[derive(Parser, serde::Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
 #[command(
     name = "hydrant-server",
     about = "hydrant: an NVMe cache and write-back node for GPU servers"
@@ -26,6 +29,7 @@ struct Arguments {
     /// A TOML file with any of these settings (keys as the flags, with _ for -). Flags and
     /// environment variables win over it.
     #[arg(long, env = "HYDRANT_CONFIG")]
+    #[serde(skip)]
     config: Option<PathBuf>,
     /// Address to listen on (port 0: any free port; the chosen one is printed).
     /// Default 127.0.0.1:7700.
@@ -98,30 +102,44 @@ struct Arguments {
     /// own buffer. Default 256.
     #[arg(long, env = "HYDRANT_RECEIVE_BUFFERS")]
     receive_buffers: Option<u16>,
+    /// Print these settings as a Markdown table (docs/configuration.md is made of it) and exit.
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    help_markdown: bool,
 }
 
-/// The settings a `--config` file may hold.
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    listen: Option<SocketAddr>,
-    data: Option<Vec<String>>,
-    shards: Option<usize>,
-    token_file: Option<PathBuf>,
-    allow_remote_without_token: Option<bool>,
-    no_shard_ports: Option<bool>,
-    metrics: Option<SocketAddr>,
-    origin: Option<String>,
-    bucket: Option<Vec<String>>,
-    write: Option<String>,
-    revalidate: Option<String>,
-    dirty_bytes_max: Option<String>,
-    dram_bytes: Option<String>,
-    io_bytes_in_flight: Option<String>,
-    admission_bytes_per_second: Option<String>,
-    local_socket: Option<PathBuf>,
-    idle_timeout: Option<String>,
-    receive_buffers: Option<u16>,
+/// The settings of `command` as a Markdown table: flag, environment variable, what it does.
+/// From the same text as `--help`, so that the documentation cannot drift from it.
+fn markdown_reference(command: &clap::Command) -> String {
+    let mut table = String::from("| flag | environment | what it sets |\n|---|---|---|\n");
+    for argument in command.get_arguments() {
+        let Some(long) = argument.get_long() else {
+            continue;
+        };
+        if argument.is_hide_set() || long == "help" || long == "version" {
+            continue;
+        }
+        let takes_value = argument
+            .get_num_args()
+            .is_some_and(|count| count.takes_values());
+        let flag = match argument.get_value_names() {
+            Some(names) if takes_value => format!("`--{long} {}`", names[0]),
+            _ => format!("`--{long}`"),
+        };
+        let environment = argument
+            .get_env()
+            .map(|name| format!("`{}`", name.to_string_lossy()))
+            .unwrap_or_default();
+        let help = argument
+            .get_long_help()
+            .or(argument.get_help())
+            .map(|text| text.to_string())
+            .unwrap_or_default()
+            .replace('\n', " ")
+            .replace('|', "\\|");
+        table.push_str(&format!("| {flag} | {environment} | {help} |\n"));
+    }
+    table
 }
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -133,38 +151,46 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-            toml::from_str::<ConfigFile>(&text)
+            toml::from_str::<Arguments>(&text)
                 .map_err(|error| format!("{}: {error}", path.display()))?
         }
-        None => ConfigFile::default(),
+        None => Arguments::default(),
     };
+    macro_rules! from_file {
+        ($($field:ident),*) => {
+            $(arguments.$field = arguments.$field.or(file.$field);)*
+        };
+    }
+    from_file!(
+        listen,
+        shards,
+        token_file,
+        metrics,
+        origin,
+        write,
+        revalidate,
+        dirty_bytes_max,
+        dram_bytes,
+        io_bytes_in_flight,
+        admission_bytes_per_second,
+        local_socket,
+        idle_timeout,
+        receive_buffers
+    );
+    if arguments.data.is_empty() {
+        arguments.data = file.data;
+    }
+    if arguments.bucket.is_empty() {
+        arguments.bucket = file.bucket;
+    }
+    arguments.allow_remote_without_token |= file.allow_remote_without_token;
+    arguments.no_shard_ports |= file.no_shard_ports;
+    if arguments.data.is_empty() {
+        arguments.data = vec![DATA_DEFAULT.to_string()];
+    }
     arguments.listen = arguments
         .listen
-        .or(file.listen)
         .or(Some(LISTEN_DEFAULT.parse().expect("a valid default")));
-    if arguments.data.is_empty() {
-        arguments.data = file.data.unwrap_or_else(|| vec![DATA_DEFAULT.to_string()]);
-    }
-    arguments.shards = arguments.shards.or(file.shards);
-    arguments.token_file = arguments.token_file.or(file.token_file);
-    arguments.allow_remote_without_token |= file.allow_remote_without_token.unwrap_or(false);
-    arguments.no_shard_ports |= file.no_shard_ports.unwrap_or(false);
-    arguments.metrics = arguments.metrics.or(file.metrics);
-    arguments.origin = arguments.origin.or(file.origin);
-    if arguments.bucket.is_empty() {
-        arguments.bucket = file.bucket.unwrap_or_default();
-    }
-    arguments.write = arguments.write.or(file.write);
-    arguments.revalidate = arguments.revalidate.or(file.revalidate);
-    arguments.dirty_bytes_max = arguments.dirty_bytes_max.or(file.dirty_bytes_max);
-    arguments.dram_bytes = arguments.dram_bytes.or(file.dram_bytes);
-    arguments.io_bytes_in_flight = arguments.io_bytes_in_flight.or(file.io_bytes_in_flight);
-    arguments.admission_bytes_per_second = arguments
-        .admission_bytes_per_second
-        .or(file.admission_bytes_per_second);
-    arguments.local_socket = arguments.local_socket.or(file.local_socket);
-    arguments.idle_timeout = arguments.idle_timeout.or(file.idle_timeout);
-    arguments.receive_buffers = arguments.receive_buffers.or(file.receive_buffers);
     Ok(arguments)
 }
 
@@ -299,162 +325,162 @@ fn raise_open_files_limit() {
     }
 }
 
+/// What the server is started with, checked.
+struct Settings {
+    server: ServerConfig,
+    devices: Vec<DeviceConfig>,
+}
+
+impl Settings {
+    fn from_arguments(arguments: Arguments) -> Result<Settings, String> {
+        let arguments = merge(arguments)?;
+        let devices = arguments
+            .data
+            .iter()
+            .map(|argument| device(argument))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut engine = EngineConfig::new(devices.clone());
+        engine.shards = arguments.shards.or_else(|| default_shards(&devices));
+        if let Some(text) = &arguments.dram_bytes {
+            engine.dram_bytes =
+                size_bytes(text).map_err(|error| format!("--dram-bytes: {error}"))?;
+        }
+        if let Some(text) = &arguments.io_bytes_in_flight {
+            let bytes =
+                size_bytes(text).map_err(|error| format!("--io-bytes-in-flight: {error}"))?;
+            if !(IO_BYTES_IN_FLIGHT_MIN..=IO_BYTES_IN_FLIGHT_MAX).contains(&bytes) {
+                return Err(format!(
+                    "--io-bytes-in-flight must be 4KiB-1GiB, not {bytes}"
+                ));
+            }
+            engine.io_bytes_in_flight_max = bytes;
+        }
+        if let Some(count) = arguments.receive_buffers {
+            if !hydrant_engine::rt::receive_buffers_valid(count) {
+                return Err(format!(
+                    "--receive-buffers must be 0 or a power of two up to 32768, not {count}"
+                ));
+            }
+            engine.receive_buffers = count;
+        }
+        if let Some(text) = &arguments.admission_bytes_per_second {
+            let bytes = size_bytes(text)
+                .map_err(|error| format!("--admission-bytes-per-second: {error}"))?;
+            engine.admission_bytes_per_second = Some(bytes);
+        }
+        engine.origins = origins(&arguments, &devices)?;
+        let token = match &arguments.token_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|error| {
+                        format!("cannot read the token file {}: {error}", path.display())
+                    })?
+                    .trim_ascii()
+                    .to_vec(),
+            ),
+            None => None,
+        };
+        let idle_timeout = match arguments.idle_timeout.as_deref() {
+            None => Some(hydrant_server::IDLE_TIMEOUT_DEFAULT),
+            Some(text) => {
+                let duration = origin::parse_duration(text)
+                    .map_err(|error| format!("--idle-timeout: {error}"))?;
+                (!duration.is_zero()).then_some(duration)
+            }
+        };
+        let server = ServerConfig {
+            listen: arguments.listen.expect("merged"),
+            engine,
+            limits: Limits::default(),
+            token,
+            allow_remote_without_token: arguments.allow_remote_without_token,
+            metrics: arguments.metrics,
+            local_socket: arguments.local_socket.clone(),
+            idle_timeout,
+            shard_ports: !arguments.no_shard_ports,
+        };
+        Ok(Settings { server, devices })
+    }
+
+    /// What the started server prints on its first line, after where it listens.
+    fn summary(&self) -> String {
+        let data: Vec<String> = self
+            .devices
+            .iter()
+            .map(|device| device.path.display().to_string())
+            .collect();
+        let origin = match &self.server.engine.origins {
+            Some(origins) => format!(
+                "; origin: {} ({} buckets of their own), dirty budget {} MiB",
+                origins.default_url.as_deref().unwrap_or("none"),
+                origins.buckets.len(),
+                origins.dirty_bytes_max >> 20
+            ),
+            None => "; no origin".to_string(),
+        };
+        format!(
+            "data: {}; DRAM tier {} MiB{origin}",
+            data.join(", "),
+            self.server.engine.dram_bytes >> 20
+        )
+    }
+}
+
+/// Shards for devices not yet formatted: one per core, as many as the smallest device that is
+/// to be created holds (each shard needs three 64 MiB regions on every device). `None` (as
+/// formatted) when a device exists.
+fn default_shards(devices: &[DeviceConfig]) -> Option<usize> {
+    if devices.iter().any(|device| device.path.exists()) {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
+    let smallest = devices
+        .iter()
+        .filter_map(|device| device.create_bytes)
+        .min()
+        .unwrap_or(u64::MAX);
+    let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
+    Some(cores.min(fitting))
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("HYDRANT_LOG", "info")).init();
-    let arguments = match merge(Arguments::parse()) {
-        Ok(arguments) => arguments,
+    let arguments = Arguments::parse();
+    if arguments.help_markdown {
+        let mut command = <Arguments as clap::CommandFactory>::command();
+        command.build();
+        print!("{}", markdown_reference(&command));
+        return ExitCode::SUCCESS;
+    }
+    let settings = match Settings::from_arguments(arguments) {
+        Ok(settings) => settings,
         Err(error) => {
             eprintln!("hydrant-server: {error}");
             return ExitCode::from(2);
         }
     };
-    let devices = match arguments
-        .data
-        .iter()
-        .map(|argument| device(argument))
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(devices) => devices,
-        Err(error) => {
-            eprintln!("hydrant-server: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut engine = EngineConfig::new(devices.clone());
-    engine.shards = arguments.shards;
-    if engine.shards.is_none() && devices.iter().all(|device| !device.path.exists()) {
-        let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
-        let smallest = devices
-            .iter()
-            .filter_map(|device| device.create_bytes)
-            .min()
-            .unwrap_or(u64::MAX);
-        // Each shard needs three 64 MiB regions on every device.
-        let fitting = ((smallest.saturating_sub(1 << 20)) / (3 * (64 << 20))).max(1) as usize;
-        engine.shards = Some(cores.min(fitting));
-    }
-    if let Some(text) = &arguments.dram_bytes {
-        match size_bytes(text) {
-            Ok(bytes) => engine.dram_bytes = bytes,
-            Err(error) => {
-                eprintln!("hydrant-server: --dram-bytes: {error}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if let Some(text) = &arguments.io_bytes_in_flight {
-        match size_bytes(text) {
-            Ok(bytes) if (IO_BYTES_IN_FLIGHT_MIN..=IO_BYTES_IN_FLIGHT_MAX).contains(&bytes) => {
-                engine.io_bytes_in_flight_max = bytes
-            }
-            Ok(bytes) => {
-                eprintln!("hydrant-server: --io-bytes-in-flight must be 4KiB-1GiB, not {bytes}");
-                return ExitCode::from(2);
-            }
-            Err(error) => {
-                eprintln!("hydrant-server: --io-bytes-in-flight: {error}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if let Some(count) = arguments.receive_buffers {
-        if !hydrant_engine::rt::receive_buffers_valid(count) {
-            eprintln!(
-                "hydrant-server: --receive-buffers must be 0 or a power of two up to 32768, not {count}"
-            );
-            return ExitCode::from(2);
-        }
-        engine.receive_buffers = count;
-    }
-    if let Some(text) = &arguments.admission_bytes_per_second {
-        match size_bytes(text) {
-            Ok(bytes) => engine.admission_bytes_per_second = Some(bytes),
-            Err(error) => {
-                eprintln!("hydrant-server: --admission-bytes-per-second: {error}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    engine.origins = match origins(&arguments, &devices) {
-        Ok(origins) => origins,
-        Err(error) => {
-            eprintln!("hydrant-server: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let origin_text = match &engine.origins {
-        Some(origins) => format!(
-            "; origin: {} ({} buckets of their own), dirty budget {} MiB",
-            origins.default_url.as_deref().unwrap_or("none"),
-            origins.buckets.len(),
-            origins.dirty_bytes_max >> 20
-        ),
-        None => "; no origin".to_string(),
-    };
-    let dram_mib = engine.dram_bytes >> 20;
-    let token = match &arguments.token_file {
-        Some(path) => match std::fs::read(path) {
-            Ok(bytes) => Some(bytes.trim_ascii().to_vec()),
-            Err(error) => {
-                eprintln!(
-                    "hydrant-server: cannot read the token file {}: {error}",
-                    path.display()
-                );
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
-    let idle_timeout = match arguments
-        .idle_timeout
-        .as_deref()
-        .map(origin::parse_duration)
-    {
-        None => Some(hydrant_server::IDLE_TIMEOUT_DEFAULT),
-        Some(Ok(duration)) if duration.is_zero() => None,
-        Some(Ok(duration)) => Some(duration),
-        Some(Err(error)) => {
-            eprintln!("hydrant-server: --idle-timeout: {error}");
-            return ExitCode::from(2);
-        }
-    };
+    let summary = settings.summary();
     raise_open_files_limit();
     let signals = block_stop_signals();
-    let server = match Server::start(ServerConfig {
-        listen: arguments.listen.expect("merged"),
-        engine,
-        limits: Limits::default(),
-        token,
-        allow_remote_without_token: arguments.allow_remote_without_token,
-        metrics: arguments.metrics,
-        local_socket: arguments.local_socket.clone(),
-        idle_timeout,
-        shard_ports: !arguments.no_shard_ports,
-    }) {
+    let server = match Server::start(settings.server) {
         Ok(server) => server,
         Err(error) => {
             eprintln!("hydrant-server: {error}");
             return ExitCode::FAILURE;
         }
     };
-    let data: Vec<String> = devices
-        .iter()
-        .map(|device| device.path.display().to_string())
-        .collect();
-    let metrics = server
-        .metrics_address()
-        .map(|address| format!("; metrics on http://{address}/metrics"))
-        .unwrap_or_default();
     let local = server
         .local_socket()
         .map(|path| format!("; local socket {}", path.display()))
         .unwrap_or_default();
+    let metrics = server
+        .metrics_address()
+        .map(|address| format!("; metrics on http://{address}/metrics"))
+        .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; data: {}; DRAM tier {} MiB{origin_text}{local}{metrics}",
+        "hydrant-server listening on {} with {} shards; {summary}{local}{metrics}",
         server.address(),
         server.shard_count(),
-        data.join(", "),
-        dram_mib
     );
     let signal = wait_for_stop_signal(&signals);
     eprintln!("hydrant-server: signal {signal}, stopping");

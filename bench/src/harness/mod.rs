@@ -1,4 +1,4 @@
-//! The benchmark harness of issue 6: workloads against running servers (`get`, `put`, `mixed`,
+//! The benchmark harness: workloads against running servers (`get`, `put`, `mixed`,
 //! `shards`, `checkpoint`), each printing a table and optionally writing a versioned JSON report,
 //! and `report`, which compares such reports in a table and plots.
 

@@ -108,33 +108,22 @@ pub fn parse_revalidate(value: &str) -> Result<Revalidate> {
     }
 }
 
-/// `500ms`, `30s`, `5m`, `2h` or a plain number of seconds.
+/// A duration in humantime's units (`500ms`, `30s`, `5m`, `2h`, `1h 30m`, `7days`), or a plain
+/// number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();
-    let split = text
-        .find(|character: char| !character.is_ascii_digit() && character != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| {
-        invalid(format!(
-            "{text:?} is not a duration such as 500ms, 30s, 5m, 2h"
-        ))
-    })?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => {
-            return Err(invalid(format!(
-                "{text:?} is not a duration such as 500ms, 30s, 5m, 2h"
-            )))
-        }
+    let duration = match text.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => humantime::parse_duration(text).map_err(|error| {
+            invalid(format!(
+                "{text:?} is not a duration such as 500ms, 30s, 5m, 2h: {error}"
+            ))
+        })?,
     };
-    if !(0.0..=1e9).contains(&seconds) {
+    if duration > Duration::from_secs(1_000_000_000) {
         return Err(invalid(format!("duration {text:?} is out of range")));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(duration)
 }
 
 fn check_url(url: &str) -> Result<()> {
@@ -656,7 +645,10 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("1 fortnight").is_err());
+        assert!(parse_duration("99999999999h").is_err());
     }
 }
