@@ -25,6 +25,7 @@ pub mod cuda;
 mod error;
 mod frames;
 pub mod local;
+mod nodes;
 mod pipeline;
 mod placement;
 mod pool;

@@ -7,10 +7,10 @@ use std::time::Instant;
 use hydrant_proto::message::{Message, ObjectInfo, PutRequest};
 use hydrant_proto::Opcode;
 
-use crate::blocking::{get_request, object_name, run_bounded, Inner, GROUP_WORKERS_MAX};
 use crate::connection::PipelinedRequest;
 use crate::error::Result;
 use crate::frames::Frame;
+use crate::nodes::{get_request, object_name, run_bounded, Inner, GROUP_WORKERS_MAX};
 use crate::placement::node_for;
 use crate::pool::NodePool;
 use crate::ItemResult;

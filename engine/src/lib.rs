@@ -10,6 +10,7 @@ mod cache;
 pub mod device;
 mod error;
 pub mod format;
+mod key;
 pub mod origin;
 pub mod policy;
 pub mod rt;

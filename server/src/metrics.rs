@@ -435,12 +435,10 @@ pub fn gather(
 ) -> impl std::future::Future<Output = hydrant_engine::Result<String>> + Send + 'static {
     let calls: Vec<_> = (0..engine.shard_count())
         .map(|shard| {
-            engine.on_shard(shard, |cache| async move {
-                let mut stats = cache.store().stats();
-                stats.dram = cache.dram_stats();
-                stats.admission = cache.admission_stats();
-                Ok((stats, snapshot()))
-            })
+            engine.on_shard(
+                shard,
+                |cache| async move { Ok((cache.stats(), snapshot())) },
+            )
         })
         .collect();
     let origin = engine.origin_stats();

@@ -34,6 +34,8 @@ const DRAM_BYTES: &str = "32MiB";
 /// A one-shard server on `directory/data.hyd` of `data_mib` MiB with the small DRAM tier, plus
 /// `extra` flags and environment.
 fn start(directory: &Path, data_mib: u64, extra: &[&str], env: &[(&str, String)]) -> ServerProcess {
+    // A data file freed a moment ago may not be given back yet (see `wait_for_free_bytes`).
+    common::wait_for_free_bytes(directory, (data_mib << 20) + GIB);
     let mut args = vec!["--dram-bytes", DRAM_BYTES];
     args.extend_from_slice(extra);
     ServerProcess::start_shards(directory, 1, data_mib, &args, env)
@@ -117,6 +119,8 @@ fn an_object_of_20_gib_streams_in_out_and_through_a_folder_origin_in_bounded_mem
     let size = size_from("HYDRANT_TEST_LARGE_GIB", 20) + 12_345;
     let scratch = Scratch::new("large-folder");
     let data = data_mib(1, size);
+    // The data file and the origin's copy, with a GiB to spare.
+    common::wait_for_free_bytes(scratch.path(), (data << 20) + size + GIB);
     let server = start(scratch.path(), data, &[], &[]);
     let baseline = server.resident_bytes();
     // Written back to the folder origin; larger than the dirty budget, so it takes it alone.
@@ -139,11 +143,18 @@ fn an_object_of_20_gib_streams_in_out_and_through_a_folder_origin_in_bounded_mem
     ] {
         get_checked(&server, baseline, "huge", 1, range);
     }
-    // At the origin, byte-exact once FLUSH returns.
+    // At the origin, byte-exact once FLUSH returns; the upload is bounded too.
     let mut client = server.client();
-    client
-        .flush(Some("data"), "", Duration::from_secs(1800))
-        .unwrap();
+    let ((), growth) = rss_growth_during(&server, baseline, || {
+        client
+            .flush(Some("data"), "", Duration::from_secs(1800))
+            .unwrap()
+    });
+    assert!(
+        growth < RSS_GROWTH_MAX,
+        "write-back: the server grew by {} MiB",
+        growth / MIB
+    );
     let at_origin = scratch.path().join("origin/data/huge");
     assert_eq!(std::fs::metadata(&at_origin).unwrap().len(), size);
     assert_eq!(file_crc(&at_origin), generated_crc(1, size));

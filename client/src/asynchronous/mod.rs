@@ -14,11 +14,11 @@ use hydrant_proto::message::{
 };
 use hydrant_proto::{FrameFlags, Opcode};
 
-use crate::blocking::{batch_groups, get_request, object_name};
 use crate::config::ClientConfig;
 use crate::connection::{malformed, place_batch_item};
 use crate::error::{ClientError, Result};
 use crate::frames::{answer_bytes, Frame};
+use crate::nodes::{batch_groups, get_request, object_name};
 use crate::placement::node_for;
 use crate::retry::RetryPolicy;
 use crate::{GetItem, ItemResult};

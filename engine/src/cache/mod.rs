@@ -21,8 +21,8 @@ use bytes::Bytes;
 use crate::buf::ExternalBuf;
 use crate::origin::read::{version_tag, Reads, Watch, DISCOVER};
 use crate::origin::remote::{self, Condition, Fetch};
-use crate::origin::writeback::{Upload, WriteBack};
-use crate::origin::{OriginVersion, Origins, Revalidate, Route, WriteMode};
+use crate::origin::writeback::{Upload, Uploader, WriteBack};
+use crate::origin::{OriginVersion, Origins, Revalidate, Route, ShardOrigin, WriteMode};
 use crate::rt::sync::WaitQueue;
 use crate::store::{
     resolve_range, ByteRange, DirectGet, DirectRead, ObjectKey, ObjectMeta, ObjectRead, Store,
@@ -90,9 +90,11 @@ const READ_ATTEMPTS_MAX: usize = 3;
 /// chunks at 100 ms per origin request goes at 40 MB/s without; eight keep 320 MB/s).
 const READAHEAD_CHUNKS: u64 = 8;
 /// Origin reads in flight on a shard beyond which no more are read ahead: each holds a chunk
-/// until it is admitted, so read-ahead holds at most 32 MiB of a shard's memory (measured: a
-/// 20 GiB read-through with 64 grew the server by 700 MiB, with 8 by 170).
-const READAHEAD_FLIGHTS_MAX: usize = 8;
+/// until it is admitted, and often a copy of it in an answer, so read-ahead holds at most about
+/// 50 MiB of a shard's memory (measured: a 20 GiB read-through with 64 grew the server by
+/// 700 MiB, with 16 by 256, with 8 by 130-260). Four keep 160 MB/s per shard from an origin at
+/// 100 ms per request.
+const READAHEAD_FLIGHTS_MAX: usize = 4;
 /// The most bytes one read through from the origin returns (it is held in memory whole).
 pub const ORIGIN_READ_BYTES_MAX: u64 = 1 << 30;
 
@@ -277,13 +279,6 @@ impl PartsRead {
     }
 }
 
-/// A shard's origin side: the shared origins, what this shard knows of them, its write-back.
-pub(crate) struct ShardOrigin {
-    pub origins: Arc<Origins>,
-    pub reads: Rc<Reads>,
-    pub writes: WriteBack,
-}
-
 /// Per-key mutual exclusion among a shard's tasks (no data inside).
 #[derive(Default)]
 pub(crate) struct KeyLocks {
@@ -325,7 +320,7 @@ pub struct Cache {
     store: Rc<Store>,
     dram: Option<DramTier>,
     admission: Rc<NvmeAdmission>,
-    origin: Option<ShardOrigin>,
+    origin: Option<Rc<ShardOrigin>>,
     locks: Rc<KeyLocks>,
 }
 
@@ -338,10 +333,12 @@ impl Cache {
         admission_bytes_per_second: Option<u64>,
         origins: Option<Arc<Origins>>,
     ) -> Rc<Cache> {
-        let origin = origins.map(|origins| ShardOrigin {
-            reads: Rc::new(Reads::new(origins.config().metadata_entries_max)),
-            writes: WriteBack::default(),
-            origins,
+        let origin = origins.map(|origins| {
+            Rc::new(ShardOrigin {
+                reads: Rc::new(Reads::new(origins.config().metadata_entries_max)),
+                writes: WriteBack::default(),
+                origins,
+            })
         });
         let cache = Rc::new(Cache {
             store,
@@ -368,7 +365,11 @@ impl Cache {
                     attempts: 0,
                 });
             }
-            crate::rt::spawn(crate::origin::writeback::upload_loop(cache.clone()));
+            let uploader = Uploader {
+                store: cache.store.clone(),
+                origin: origin.clone(),
+            };
+            crate::rt::spawn(crate::origin::writeback::upload_loop(Rc::new(uploader)));
         }
         cache
     }
@@ -379,6 +380,19 @@ impl Cache {
 
     pub fn shard(&self) -> u32 {
         self.store.shard()
+    }
+
+    /// The size of the version of `key` stored on this shard's NVMe, if one is.
+    pub fn stored_bytes(&self, key: &ObjectKey) -> Option<u64> {
+        self.store.version(key).map(|version| version.bytes)
+    }
+
+    /// The shard's state and counters: its store's, with its DRAM tier's and admission's.
+    pub fn stats(&self) -> crate::store::ShardStats {
+        let mut stats = self.store.stats();
+        stats.dram = self.dram_stats();
+        stats.admission = self.admission_stats();
+        stats
     }
 
     /// How origin data was admitted to NVMe.
@@ -398,13 +412,9 @@ impl Cache {
         }
     }
 
-    pub(crate) fn origin(&self) -> Option<&ShardOrigin> {
-        self.origin.as_ref()
-    }
-
     /// The origin of `key`'s bucket, if it has one.
     fn route(&self, key: &ObjectKey) -> Result<Option<(&ShardOrigin, Arc<Route>)>> {
-        let Some(origin) = &self.origin else {
+        let Some(origin) = self.origin.as_deref() else {
             return Ok(None);
         };
         Ok(origin

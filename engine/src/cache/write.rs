@@ -94,7 +94,7 @@ impl Cache {
         &self,
         key: ObjectKey,
         object_bytes: u64,
-        chunks: &crate::rt::channel::Receiver<crate::engine::StreamedChunk>,
+        chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
     ) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
@@ -142,7 +142,7 @@ impl Cache {
         key: ObjectKey,
         object_bytes: u64,
         dirty: bool,
-        chunks: &crate::rt::channel::Receiver<crate::engine::StreamedChunk>,
+        chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
     ) -> Result<ObjectMeta> {
         let mut put = self.store.begin_put(key, object_bytes, dirty)?;
         for chunk in 0..put.chunk_count() {

@@ -38,19 +38,7 @@ const PUT_STREAM_CHUNKS_QUEUED: usize = 2;
 /// How often a streamed put waiting for room in the node's bound looks again.
 const STREAMED_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// A streamed put's chunk in memory, counted in the node's bound until dropped.
-pub struct StreamedChunk {
-    pub data: Vec<u8>,
-    held: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    bytes: u64,
-}
-
-impl Drop for StreamedChunk {
-    fn drop(&mut self) {
-        self.held
-            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
-    }
-}
+pub use crate::store::StreamedChunk;
 
 /// The receiving end of a streamed put's chunks (on the owning shard).
 struct StreamedChunks(channel::Receiver<StreamedChunk>);
@@ -791,14 +779,7 @@ impl EngineHandle {
     /// Every shard's state and counters.
     pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
         let calls: Vec<_> = (0..self.inboxes.len())
-            .map(|shard| {
-                self.on_shard(shard, |cache| async move {
-                    let mut stats = cache.store().stats();
-                    stats.dram = cache.dram_stats();
-                    stats.admission = cache.admission_stats();
-                    Ok(stats)
-                })
-            })
+            .map(|shard| self.on_shard(shard, |cache| async move { Ok(cache.stats()) }))
             .collect();
         async move {
             let mut stats = Vec::with_capacity(calls.len());

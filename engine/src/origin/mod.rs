@@ -5,7 +5,7 @@
 //! shared by every shard). A shard never blocks on them: it hands a request to the pool and awaits
 //! the pool's join handle, whose waker reaches the shard's ring like any cross-thread wake-up.
 //! What a shard does with the answers (read-through, write-back) lives in [`read`] and
-//! [`writeback`], driven by the shard's [`crate::cache::Cache`].
+//! [`writeback`], driven by the shard's tier stack (`cache/`).
 
 pub(crate) mod read;
 pub(crate) mod remote;
@@ -24,6 +24,13 @@ pub use remote::OriginVersion;
 pub use writeback::FailedUpload;
 
 use crate::{Error, ErrorKind, Result};
+
+/// A shard's origin side: the shared origins, what this shard knows of them, its write-back.
+pub(crate) struct ShardOrigin {
+    pub origins: std::sync::Arc<Origins>,
+    pub reads: std::rc::Rc<read::Reads>,
+    pub writes: writeback::WriteBack,
+}
 
 /// How PUTs to a bucket reach its origin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{remote, OriginVersion, Route};
-use crate::cache::Cache;
+use super::{remote, OriginVersion, Route, ShardOrigin};
 use crate::rt::sync::{Semaphore, WaitQueue};
-use crate::store::{ByteRange, ObjectKey};
+use crate::store::{ByteRange, ObjectKey, Store};
 use crate::{Error, ErrorKind, Result};
 
 /// The first wait after a failed upload; it doubles up to `upload_backoff_max`.
@@ -174,12 +173,17 @@ impl WriteBack {
     }
 }
 
+/// What the uploader works with: the shard's store (it reads the versions it uploads and
+/// marks them clean) and its origin side.
+pub(crate) struct Uploader {
+    pub store: Rc<Store>,
+    pub origin: Rc<ShardOrigin>,
+}
+
 /// The shard's uploader: takes queued versions and uploads up to `uploads_per_shard_max` at
 /// once. Runs for the life of the shard.
-pub(crate) async fn upload_loop(cache: Rc<Cache>) {
-    let Some(origin) = cache.origin() else {
-        return;
-    };
+pub(crate) async fn upload_loop(uploader: Rc<Uploader>) {
+    let origin = &uploader.origin;
     let slots = Rc::new(Semaphore::new(
         origin.origins.config().uploads_per_shard_max,
     ));
@@ -191,9 +195,9 @@ pub(crate) async fn upload_loop(cache: Rc<Cache>) {
             }
             origin.writes.queued.wait().await;
         };
-        let cache = cache.clone();
+        let uploader = uploader.clone();
         crate::rt::spawn(async move {
-            upload_one(&cache, upload).await;
+            upload_one(&uploader, upload).await;
             drop(permit);
         });
     }
@@ -202,13 +206,13 @@ pub(crate) async fn upload_loop(cache: Rc<Cache>) {
 /// One attempt at uploading `upload`. On failure the attempt's slot is freed and the upload
 /// is queued again after a backoff, so that an object the origin keeps refusing does not hold
 /// a slot that others could use; its budget bytes stay taken until it succeeds.
-async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
-    let origin = cache.origin().expect("uploads only with an origin");
+async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
+    let origin = &uploader.origin;
     let writes = &origin.writes;
     writes.idle(&upload.key).await;
     writes.uploading.borrow_mut().insert(upload.key.clone());
-    let current = cache
-        .store()
+    let current = uploader
+        .store
         .head(&upload.key)
         .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
     let outcome = if !current {
@@ -216,7 +220,7 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
         Ok(None)
     } else {
         match origin.origins.route(upload.key.bucket()) {
-            Ok(Some(route)) => upload_version(cache, &route, &upload).await,
+            Ok(Some(route)) => upload_version(uploader, &route, &upload).await,
             Ok(None) => Err(Error::new(
                 ErrorKind::OriginRefused,
                 "its bucket has no origin now (the configuration changed)",
@@ -228,7 +232,7 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
     writes.changed.wake_all();
     match outcome {
         Ok(Some(etag)) => {
-            let marked = cache.store().mark_clean(&upload.key, upload.seq).await;
+            let marked = uploader.store.mark_clean(&upload.key, upload.seq).await;
             if let Err(error) = &marked {
                 // In memory it is clean; after a restart it is uploaded once more.
                 log::warn!(
@@ -246,16 +250,16 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
                     },
                 );
             }
-            finish(cache, &upload);
+            finish(uploader, &upload);
         }
-        Ok(None) => finish(cache, &upload),
+        Ok(None) => finish(uploader, &upload),
         Err(error)
             if matches!(
                 error.kind(),
                 ErrorKind::OriginRefused | ErrorKind::InvalidKey
             ) =>
         {
-            refused(cache, upload, error)
+            refused(uploader, upload, error)
         }
         Err(error) => {
             origin
@@ -272,13 +276,11 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
                 upload.attempts + 1
             );
             upload.attempts += 1;
-            let cache = cache.clone();
+            let origin = uploader.origin.clone();
             crate::rt::spawn(async move {
                 crate::rt::time::sleep(backoff).await;
-                if let Some(origin) = cache.origin() {
-                    origin.writes.queue.borrow_mut().push_back(upload);
-                    origin.writes.queued.wake_all();
-                }
+                origin.writes.queue.borrow_mut().push_back(upload);
+                origin.writes.queued.wake_all();
             });
         }
     }
@@ -288,15 +290,15 @@ async fn upload_one(cache: &Rc<Cache>, mut upload: Upload) {
 /// budget (so that one unwritable key never stalls every other writer); it stays dirty on NVMe,
 /// is counted among the refused bytes (bounded apart, `failed_bytes_max`) and is reported by
 /// name until it is retried, replaced or deleted.
-fn refused(cache: &Cache, upload: Upload, error: Error) {
-    let origin = cache.origin().expect("uploads only with an origin");
-    let current = cache
-        .store()
+fn refused(uploader: &Uploader, upload: Upload, error: Error) {
+    let origin = &uploader.origin;
+    let current = uploader
+        .store
         .head(&upload.key)
         .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
     if !current {
         // Deleted or replaced while it was being uploaded: nothing is left to refuse.
-        finish(cache, &upload);
+        finish(uploader, &upload);
         return;
     }
     log::error!(
@@ -322,12 +324,12 @@ fn refused(cache: &Cache, upload: Upload, error: Error) {
         origin.origins.forget_failed(older.bytes);
     }
     origin.origins.add_failed(upload.bytes);
-    finish(cache, &upload);
+    finish(uploader, &upload);
 }
 
 /// The upload is done (or moot): its pending entry and budget bytes go.
-fn finish(cache: &Cache, upload: &Upload) {
-    let origin = cache.origin().expect("uploads only with an origin");
+fn finish(uploader: &Uploader, upload: &Upload) {
+    let origin = &uploader.origin;
     {
         let mut pending = origin.writes.pending.borrow_mut();
         if pending.get(&upload.key) == Some(&upload.seq) {
@@ -341,15 +343,15 @@ fn finish(cache: &Cache, upload: &Upload) {
 /// Upload one version; `Ok(None)` when it stopped being the stored version midway, else the
 /// origin's ETag (when it gives one).
 async fn upload_version(
-    cache: &Cache,
+    uploader: &Uploader,
     route: &Arc<Route>,
     upload: &Upload,
 ) -> Result<Option<Option<String>>> {
-    let origins = cache.origin().expect("origin").origins.clone();
+    let origins = uploader.origin.origins.clone();
     let path = route.path(upload.key.key())?;
     let config = origins.config().clone();
     if upload.bytes <= config.multipart_threshold_bytes {
-        let Some(data) = read_part(cache, upload, 0, upload.bytes).await? else {
+        let Some(data) = read_part(uploader, upload, 0, upload.bytes).await? else {
             return Ok(None);
         };
         let etag = origins
@@ -367,7 +369,7 @@ async fn upload_version(
     let mut offset = 0;
     while offset < upload.bytes {
         let end = (offset + config.part_bytes).min(upload.bytes);
-        let Some(data) = read_part(cache, upload, offset, end).await? else {
+        let Some(data) = read_part(uploader, upload, offset, end).await? else {
             let abandoned = multipart;
             // Spawned on the origin pool; dropping the handle does not cancel it.
             drop(origins.run(async move {
@@ -398,12 +400,17 @@ async fn upload_version(
 }
 
 /// Bytes `start..end` of the version being uploaded, or `None` when it is no longer stored.
-async fn read_part(cache: &Cache, upload: &Upload, start: u64, end: u64) -> Result<Option<Bytes>> {
+async fn read_part(
+    uploader: &Uploader,
+    upload: &Upload,
+    start: u64,
+    end: u64,
+) -> Result<Option<Bytes>> {
     let range = ByteRange {
         start,
         end: Some(end),
     };
-    let Some(read) = cache.store().get(&upload.key, Some(range)).await? else {
+    let Some(read) = uploader.store.get(&upload.key, Some(range)).await? else {
         return Ok(None);
     };
     if read.seq != upload.seq {

@@ -16,7 +16,7 @@ mod space;
 mod stream;
 mod write;
 
-pub use stream::PutStream;
+pub use stream::{PutStream, StreamedChunk};
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};

@@ -9,6 +9,21 @@ use std::rc::Rc;
 
 use super::*;
 
+/// A streamed put's chunk in memory, counted in the node's bound (`streamed_bytes_max`) until
+/// dropped.
+pub struct StreamedChunk {
+    pub data: Vec<u8>,
+    pub(crate) held: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) bytes: u64,
+}
+
+impl Drop for StreamedChunk {
+    fn drop(&mut self) {
+        self.held
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// A put in progress; see the module's comment. Dropped before `finish`, it is abandoned.
 pub struct PutStream {
     store: Rc<Store>,

@@ -11,8 +11,8 @@ use std::cell::RefCell;
 use std::hash::BuildHasher;
 use std::time::Instant;
 
+use crate::key::ObjectKey;
 use crate::policy::FrequencySketch;
-use crate::store::ObjectKey;
 
 /// Sightings (this one included) a key needs in the current sketch period to displace others.
 const ADMIT_FREQUENCY_MIN: u8 = 2;

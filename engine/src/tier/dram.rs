@@ -11,20 +11,14 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::rc::Rc;
 
+use crate::key::ObjectKey;
 use crate::policy::{Access, Capacity, EvictionPolicy, TinyLfuSieve};
-use crate::store::ObjectKey;
 
 /// A tier holds objects up to this share of its capacity, so one object never flushes it.
 const OBJECT_SHARE_OF_CAPACITY: u64 = 16;
 /// And never objects larger than this: bigger reads are bound by bandwidth, not latency.
 pub const DRAM_OBJECT_BYTES_MAX: u64 = 4 << 20;
-/// The policy's shadow caches (which size its admission window) see at least one key in this
-/// many. The tier's policy runs on every hit, and unsampled shadows were five of its six cache
-/// accesses: 4 KiB GETs from the tier went 8-14% faster with this floor (hydrant-bench server),
-/// and on cloudPhysicsIO at 128 MiB-1 GiB the policy missed the same but for +0.6% at 512 MiB
-/// (`hydrant-bench trace --policies hydrant,hydrant-dram`). A tier of more than about 16 GiB
-/// per shard samples more sparsely anyway (16,384 shadow objects of an assumed 64 KiB).
-pub const DRAM_SHADOW_SAMPLE_ONE_IN_MIN: u64 = 16;
+pub use crate::policy::DRAM_SHADOW_SAMPLE_ONE_IN_MIN;
 
 /// An object's bytes as the tier holds them and hands them out. The count of holders lives in
 /// a small allocation of its own, away from the bytes: a hit touches it (and the kernel's send

@@ -110,7 +110,7 @@ fn random_nonce() -> [u8; 16] {
 
 /// Accept connections on `listener` for as long as the shard runs.
 pub(crate) async fn accept_loop(
-    store: Rc<Cache>,
+    cache: Rc<Cache>,
     engine: EngineHandle,
     listener: RawFd,
     policy: Policy,
@@ -126,7 +126,7 @@ pub(crate) async fn accept_loop(
                     log::warn!("refused a connection from another host: no token is configured");
                     continue;
                 }
-                spawn(serve(store.clone(), engine.clone(), socket, policy.clone()));
+                spawn(serve(cache.clone(), engine.clone(), socket, policy.clone()));
             }
             Err(error)
                 if matches!(error.raw_os_error(), Some(libc::EBADF) | Some(libc::EINVAL)) =>
@@ -134,7 +134,7 @@ pub(crate) async fn accept_loop(
                 return
             }
             Err(error) => {
-                log::warn!("shard {}: accept failed: {error}", store.shard());
+                log::warn!("shard {}: accept failed: {error}", cache.shard());
                 sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
             }
         }
@@ -142,7 +142,8 @@ pub(crate) async fn accept_loop(
 }
 
 struct Connection {
-    store: Rc<Cache>,
+    /// The accepting shard's tier stack (its keys are served without a hop).
+    cache: Rc<Cache>,
     engine: EngineHandle,
     policy: Rc<Policy>,
     server_nonce: [u8; 16],
@@ -233,12 +234,12 @@ impl Connection {
     }
 }
 
-async fn serve(store: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
+async fn serve(cache: Rc<Cache>, engine: EngineHandle, socket: OwnedFd, policy: Rc<Policy>) {
     let fd = socket.as_raw_fd();
     let limits = policy.limits;
     let in_flight = Rc::new(Semaphore::new(limits.requests_in_flight_max as usize));
     let connection = Rc::new(Connection {
-        store,
+        cache,
         engine,
         policy,
         server_nonce: random_nonce(),

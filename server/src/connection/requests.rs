@@ -22,7 +22,7 @@ pub(super) fn answer_from_memory(
     let Ok(key) = ObjectKey::new(request.name.bucket, request.name.key) else {
         return false;
     };
-    let cache = &connection.store;
+    let cache = &connection.cache;
     if connection.engine.shard_of(&key) != cache.shard() as usize {
         return false;
     }
@@ -145,8 +145,8 @@ where
     Fut: Future<Output = hydrant_engine::Result<T>> + 'static,
 {
     let shard = connection.engine.shard_of(key);
-    if shard == connection.store.shard() as usize {
-        call(connection.store.clone()).await
+    if shard == connection.cache.shard() as usize {
+        call(connection.cache.clone()).await
     } else {
         metrics::count(|counters| counters.requests_forwarded += 1);
         connection.engine.on_shard(shard, call).await
@@ -209,12 +209,11 @@ pub(super) async fn get_object(
     };
     let budget = &connection.answer_budget;
     let shard = connection.engine.shard_of(&key);
-    if shard == connection.store.shard() as usize {
-        let cache = connection.store.clone();
+    if shard == connection.cache.shard() as usize {
+        let cache = connection.cache.clone();
         let size = cache
-            .store()
-            .version(&key)
-            .map(|version| range_bytes(range, version.bytes));
+            .stored_bytes(&key)
+            .map(|bytes| range_bytes(range, bytes));
         check_item_size(size, bytes_max).map_err(engine_failure)?;
         // Room is reserved before any bytes are held: the size the index knows, or, for an
         // object read through from the origin, a chunk's worth until the origin tells its size
@@ -224,9 +223,8 @@ pub(super) async fn get_object(
             let mut reservation = budget.reserve(room as usize).await;
             // The wait for room may have let a larger version in.
             let now = cache
-                .store()
-                .version(&key)
-                .map(|version| range_bytes(range, version.bytes));
+                .stored_bytes(&key)
+                .map(|bytes| range_bytes(range, bytes));
             if let Some(now) = now.filter(|&now| now > room) {
                 check_item_size(Some(now), bytes_max).map_err(engine_failure)?;
                 room = now;
@@ -276,9 +274,8 @@ pub(super) async fn get_object(
             .engine
             .on_shard(shard, move |cache: Rc<Cache>| async move {
                 let size = cache
-                    .store()
-                    .version(&key)
-                    .map(|version| range_bytes(range, version.bytes));
+                    .stored_bytes(&key)
+                    .map(|bytes| range_bytes(range, bytes));
                 check_item_size(size, bytes_max)?;
                 let room = room.unwrap_or(ANSWER_RESERVED_AFTER_BYTES_MAX);
                 if let Some(size) = size.filter(|&size| size > room) {

@@ -584,3 +584,30 @@ pub fn rss_growth_during<T>(
     );
     (result, growth)
 }
+
+/// Bytes free for an unprivileged writer on the file system of `path`.
+pub fn free_bytes(path: &Path) -> u64 {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs writes one struct we own; the path is a valid C string.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    assert_eq!(result, 0, "statvfs {}", path.display());
+    stat.f_bavail as u64 * stat.f_frsize as u64
+}
+
+/// Wait until `path`'s file system has `bytes` free: a killed server's data file is freed only
+/// once the kernel has torn its ring down, a moment after the process is gone. Fails clearly
+/// when the disk is too small.
+pub fn wait_for_free_bytes(path: &Path, bytes: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while free_bytes(path) < bytes {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "this test needs {} GiB free under {}, and {} GiB are",
+            bytes >> 30,
+            path.display(),
+            free_bytes(path) >> 30
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
