@@ -20,7 +20,7 @@ use common::{
     generated_crc, rss_growth_during, Checked, Generated, S3Server, Scratch, ServerProcess,
 };
 use hydrant_proto::message::{Message, ObjectName, PutRequest};
-use hydrant_proto::{FrameFlags, FrameHeader, Opcode};
+use hydrant_proto::Opcode;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -257,20 +257,7 @@ fn put_frames(key: &str, seed: u64, len: u64) -> impl Iterator<Item = Vec<u8>> {
         } else {
             Vec::new()
         };
-        let mut header = FrameHeader::new(
-            Opcode::Put,
-            3,
-            &extension,
-            payload.len() as u64,
-            crc32c::crc32c(&payload),
-        );
-        if index + 1 < frames {
-            header.flags = header.flags.with(FrameFlags::MORE);
-        }
-        let mut bytes = header.encode().to_vec();
-        bytes.extend_from_slice(&extension);
-        bytes.extend_from_slice(&payload);
-        bytes
+        common::frame_of_stream(Opcode::Put, 3, &extension, &payload, index + 1 < frames)
     })
 }
 

@@ -30,20 +30,13 @@ fn streamed_put(request_id: u64, key: &str, data: &[u8], parts: usize) -> Vec<Ve
             } else {
                 Vec::new()
             };
-            let mut header = FrameHeader::new(
+            common::frame_of_stream(
                 Opcode::Put,
                 request_id,
                 &extension,
-                piece.len() as u64,
-                crc32c::crc32c(piece),
-            );
-            if index + 1 < pieces.len() {
-                header.flags = header.flags.with(FrameFlags::MORE);
-            }
-            let mut frame = header.encode().to_vec();
-            frame.extend_from_slice(&extension);
-            frame.extend_from_slice(piece);
-            frame
+                piece,
+                index + 1 < pieces.len(),
+            )
         })
         .collect()
 }

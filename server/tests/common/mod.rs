@@ -144,12 +144,26 @@ pub fn resident_bytes(pid: u32) -> u64 {
 }
 
 pub fn frame(opcode: Opcode, request_id: u64, extension: &[u8], payload: &[u8]) -> Vec<u8> {
+    frame_of_stream(opcode, request_id, extension, payload, false)
+}
+
+/// A frame that `more` flags as followed by others of the same request (a streamed request).
+pub fn frame_of_stream(
+    opcode: Opcode,
+    request_id: u64,
+    extension: &[u8],
+    payload: &[u8],
+    more: bool,
+) -> Vec<u8> {
     let crc = if payload.is_empty() {
         0
     } else {
         crc32c::crc32c(payload)
     };
-    let header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
+    let mut header = FrameHeader::new(opcode, request_id, extension, payload.len() as u64, crc);
+    if more {
+        header.flags = header.flags.with(hydrant_proto::FrameFlags::MORE);
+    }
     let mut frame = header.encode().to_vec();
     frame.extend_from_slice(extension);
     frame.extend_from_slice(payload);
