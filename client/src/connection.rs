@@ -293,25 +293,31 @@ impl Connection {
             if !header.flags.contains(FrameFlags::MORE) {
                 break;
             }
-            header = self.receive_header()?;
-            expect_request(&header, request_id)?;
-            if header.status != 0 {
-                // The server ended the answer early (the object changed while it was sent,
-                // say): its reason follows; what came before is not an answer.
-                let _ = self.receive_extension(&header)?;
-                let reason = self.receive_payload(&header)?;
-                return Err(ClientError::from_answer(header.status, &reason));
-            }
-            if header.extension_len != 0 {
-                return Err(malformed(
-                    "a streamed answer's later frame has an extension",
-                ));
-            }
+            header = self.next_answer_frame(request_id)?;
         }
         if received as u64 != needed {
             return Err(malformed("an answer shorter than its object"));
         }
         Ok((info, received))
+    }
+
+    /// The header of a streamed answer's next frame. A frame with an error status ends the
+    /// answer early (the object changed while it was sent, say): its reason is the error, and
+    /// what came before is not an answer.
+    fn next_answer_frame(&mut self, request_id: u64) -> Result<FrameHeader> {
+        let header = self.receive_header()?;
+        expect_request(&header, request_id)?;
+        if header.status != 0 {
+            let _ = self.receive_extension(&header)?;
+            let reason = self.receive_payload(&header)?;
+            return Err(ClientError::from_answer(header.status, &reason));
+        }
+        if header.extension_len != 0 {
+            return Err(malformed(
+                "a streamed answer's later frame has an extension",
+            ));
+        }
+        Ok(header)
     }
 
     /// The rest of an answer whose first frame's header is `header`, each frame's payload
@@ -341,18 +347,7 @@ impl Connection {
             if !header.flags.contains(FrameFlags::MORE) {
                 break;
             }
-            header = self.receive_header()?;
-            expect_request(&header, request_id)?;
-            if header.status != 0 {
-                let _ = self.receive_extension(&header)?;
-                let reason = self.receive_payload(&header)?;
-                return Err(ClientError::from_answer(header.status, &reason));
-            }
-            if header.extension_len != 0 {
-                return Err(malformed(
-                    "a streamed answer's later frame has an extension",
-                ));
-            }
+            header = self.next_answer_frame(request_id)?;
         }
         if written != needed {
             return Err(malformed("an answer shorter than its object"));

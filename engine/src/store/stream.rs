@@ -48,16 +48,7 @@ impl Store {
         dirty: bool,
     ) -> Result<PutStream> {
         self.writable()?;
-        let limit = self.streamed_object_bytes_limit();
-        if object_bytes > limit {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "an object of {object_bytes} bytes does not fit in shard {}: it holds at most {limit} bytes of one object",
-                    self.shard
-                ),
-            ));
-        }
+        self.refuse_larger_than(object_bytes, self.streamed_object_bytes_limit())?;
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         Ok(PutStream {
             store: self.clone(),

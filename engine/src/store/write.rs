@@ -33,7 +33,11 @@ impl Store {
 
     /// Refuse an object this shard cannot hold beside the rest of its data.
     pub(super) fn check_object_bytes(&self, object_bytes: u64) -> Result<()> {
-        let limit = self.object_bytes_limit();
+        self.refuse_larger_than(object_bytes, self.object_bytes_limit())
+    }
+
+    /// TOO_LARGE for an object of more than `limit` bytes.
+    pub(super) fn refuse_larger_than(&self, object_bytes: u64, limit: u64) -> Result<()> {
         if object_bytes > limit {
             return Err(Error::new(
                 ErrorKind::TooLarge,
