@@ -30,6 +30,9 @@ const RSS_GROWTH_MAX: u64 = 256 * MIB;
 /// The DRAM tier of the servers here: a cache of a configured size (256 MiB by default), kept
 /// small so that what the RSS shows is what transfers hold.
 const DRAM_BYTES: &str = "32MiB";
+/// Threads a server may start beyond those it began with: the origin pool's blocking threads
+/// (at most 16, for a folder origin's file I/O) and a few of its own.
+const THREADS_GROWTH_MAX: u64 = 20;
 
 /// A one-shard server on `directory/data.hyd` of `data_mib` MiB with the small DRAM tier, plus
 /// `extra` flags and environment.
@@ -80,8 +83,27 @@ fn get_checked(
     seed: u64,
     range: (u64, u64),
 ) -> u64 {
+    let peak = get_checked_measured(server, common::resident_bytes, key, seed, range);
+    let growth = peak.saturating_sub(baseline);
+    eprintln!(
+        "server resident memory: {} MiB at the baseline, at most {} MiB more",
+        baseline / MIB,
+        growth / MIB
+    );
+    growth
+}
+
+/// GET `data/key` (or a range) and check every byte against `seed`; the largest value
+/// `measure` took of the server meanwhile.
+fn get_checked_measured(
+    server: &ServerProcess,
+    measure: fn(u32) -> u64,
+    key: &str,
+    seed: u64,
+    range: (u64, u64),
+) -> u64 {
     let client = server.client();
-    let (checked, growth) = rss_growth_during(server, baseline, || {
+    let (checked, peak) = common::peak_during(server, measure, || {
         let mut client = client;
         let mut checked = Checked::new(seed, range.0);
         client
@@ -97,7 +119,7 @@ fn get_checked(
     });
     assert_eq!(checked.mismatch, None, "{key} {range:?}: a byte differs");
     assert_eq!(checked.offset, range.1, "{key} {range:?}: bytes missing");
-    growth
+    peak
 }
 
 /// The CRC32C of a file, read a MiB at a time.
@@ -171,6 +193,28 @@ fn an_object_of_20_gib_streams_in_out_and_through_a_folder_origin_in_bounded_mem
         growth < RSS_GROWTH_MAX,
         "read-through: the server grew by {} MiB",
         growth / MIB
+    );
+}
+
+#[test]
+fn a_read_through_from_a_folder_origin_holds_a_bounded_number_of_threads() {
+    let size = GIB + 12_345;
+    let scratch = Scratch::new("large-threads");
+    let folder = scratch.path().join("origin/data");
+    std::fs::create_dir_all(&folder).unwrap();
+    let mut file = std::fs::File::create(folder.join("big")).unwrap();
+    std::io::copy(&mut Generated::new(3, size), &mut file).unwrap();
+    drop(file);
+    // A device a quarter of the object's size: chunks are admitted and evicted as it goes.
+    let server = start(scratch.path(), data_mib(1, size / 4), &[], &[]);
+    let threads_at_start = common::thread_count(server.pid());
+    let threads = get_checked_measured(&server, common::thread_count, "big", 3, (0, size));
+    eprintln!(
+        "server threads: {threads_at_start} at the start, at most {threads} while reading through"
+    );
+    assert!(
+        threads <= threads_at_start + THREADS_GROWTH_MAX,
+        "a read-through grew the server from {threads_at_start} to {threads} threads"
     );
 }
 

@@ -325,6 +325,11 @@ pub struct Origins {
 /// Routes of default-origin buckets kept for reuse.
 const DEFAULT_ROUTES_MAX: usize = 1024;
 
+/// Threads the origin pool may start for blocking work (a folder origin's file reads and
+/// writes); more tasks wait in tokio's queue. tokio's own default is 512, and each thread holds
+/// a stack (2 MiB: a whole huge page where transparent huge pages are always on).
+const ORIGIN_BLOCKING_THREADS_MAX: usize = 16;
+
 /// The default origin, under which bucket `B` is the prefix `B`.
 struct DefaultOrigin {
     store: Arc<dyn ObjectStore>,
@@ -370,6 +375,7 @@ impl Origins {
         config.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.threads)
+            .max_blocking_threads(ORIGIN_BLOCKING_THREADS_MAX)
             .thread_name("hydrant-origin")
             .enable_all()
             .build()

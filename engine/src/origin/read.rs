@@ -2,7 +2,7 @@
 //! was last checked), and the origin reads in flight, so that however many readers miss on one
 //! chunk at once, the origin sees one request.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
@@ -42,6 +42,12 @@ pub(crate) type FlightKey = (ObjectKey, u64);
 /// same bytes as chunk 0 of a known version, so the two share a flight.
 pub(crate) const DISCOVER: u64 = 0;
 
+/// Bytes a shard's finished origin reads may hold while they are written to NVMe. A reader gets
+/// its bytes before they are admitted, so a reader faster than the device would otherwise pile
+/// up admissions without end (a 20 GiB read-through onto a small device held gigabytes); at
+/// this bound, new origin reads wait until admissions catch up.
+pub(crate) const ADMITTING_BYTES_MAX: u64 = 64 << 20;
+
 pub(crate) struct Reads {
     /// Keys with a write or delete in progress or a watch on them (at most the requests and
     /// origin reads in flight): how many times each was changed.
@@ -52,6 +58,10 @@ pub(crate) struct Reads {
     /// The last chunk read of each large object, to spot sequential readers (bounded like
     /// `known`).
     last_chunk: RefCell<HashMap<ObjectKey, u64, foldhash::fast::RandomState>>,
+    /// Bytes of finished reads being admitted (bounded by `ADMITTING_BYTES_MAX`), and the
+    /// origin reads waiting for them to go down.
+    admitting_bytes: Cell<u64>,
+    admitted: WaitQueue,
 }
 
 impl Reads {
@@ -62,6 +72,8 @@ impl Reads {
             known_max,
             flights: RefCell::default(),
             last_chunk: RefCell::default(),
+            admitting_bytes: Cell::new(0),
+            admitted: WaitQueue::new(),
         }
     }
 
@@ -211,6 +223,19 @@ impl Reads {
         let shared = match existing {
             Some(shared) => shared,
             None => {
+                while self.admitting_bytes.get() >= ADMITTING_BYTES_MAX {
+                    self.admitted.wait().await;
+                }
+                let started_meanwhile = self
+                    .flights
+                    .borrow()
+                    .get(&flight)
+                    .filter(|shared| shared.watch.unchanged())
+                    .cloned();
+                if let Some(shared) = started_meanwhile {
+                    // Started by another reader while this one waited.
+                    return Self::outcome(shared).await;
+                }
                 let shared = Rc::new(Flight {
                     done: RefCell::new(None),
                     waiters: WaitQueue::new(),
@@ -235,7 +260,15 @@ impl Reads {
                     *running.done.borrow_mut() = Some(outcome.clone());
                     running.waiters.wake_all();
                     if let Ok(fetched) = outcome {
+                        let bytes = fetched.data_bytes();
+                        reads
+                            .admitting_bytes
+                            .set(reads.admitting_bytes.get() + bytes);
                         admit(fetched).await;
+                        reads
+                            .admitting_bytes
+                            .set(reads.admitting_bytes.get() - bytes);
+                        reads.admitted.wake_all();
                     }
                     let mut flights = reads.flights.borrow_mut();
                     if flights
@@ -248,11 +281,16 @@ impl Reads {
                 shared
             }
         };
+        Self::outcome(shared).await
+    }
+
+    /// What `flight` read, once it has.
+    async fn outcome(flight: Rc<Flight>) -> Result<Rc<Fetch>> {
         loop {
-            if let Some(outcome) = shared.done.borrow().clone() {
+            if let Some(outcome) = flight.done.borrow().clone() {
                 return outcome.map_err(|(kind, message)| Error::new(kind, message));
             }
-            shared.waiters.wait().await;
+            flight.waiters.wait().await;
         }
     }
 }
@@ -341,6 +379,66 @@ pub(crate) fn version_tag(version: &OriginVersion) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rt::time::sleep;
+    use std::time::Duration;
+
+    #[test]
+    fn new_origin_reads_wait_while_admissions_hold_the_bound() {
+        const READ_BYTES: u64 = ADMITTING_BYTES_MAX / 4;
+        crate::rt::run(crate::rt::ReactorConfig::default(), || async {
+            let reads = Rc::new(Reads::new(16));
+            let key = ObjectKey::new("b", "k").unwrap();
+            let started = Rc::new(Cell::new(0u32));
+            let released = Rc::new(Cell::new(false));
+            let release = Rc::new(WaitQueue::new());
+            // An origin read whose admission lasts until `released`.
+            let read = |chunk: u64| {
+                let (started, released, release) =
+                    (started.clone(), released.clone(), release.clone());
+                let fetch = move || {
+                    started.set(started.get() + 1);
+                    async move {
+                        Ok(Fetch::Data {
+                            version: OriginVersion {
+                                bytes: 1 << 40,
+                                etag: None,
+                            },
+                            start: 0,
+                            data: bytes::Bytes::from(vec![0u8; READ_BYTES as usize]),
+                        })
+                    }
+                };
+                let admit = move |_fetched: Rc<Fetch>| async move {
+                    while !released.get() {
+                        release.wait().await;
+                    }
+                };
+                let reads = reads.clone();
+                let watch = reads.watch(&key);
+                let flight = (key.clone(), chunk);
+                crate::rt::spawn(async move { reads.coalesced(flight, watch, fetch, admit).await })
+            };
+            let first: Vec<_> = (0..4).map(read).collect();
+            sleep(Duration::from_millis(20)).await;
+            assert_eq!(started.get(), 4);
+            assert_eq!(reads.admitting_bytes.get(), ADMITTING_BYTES_MAX);
+            // Every reader has its bytes, though none is admitted yet.
+            for reader in first {
+                assert!(reader.await.is_ok());
+            }
+            // The bound is reached: the next read waits for an admission to finish.
+            let waiting = read(4);
+            sleep(Duration::from_millis(20)).await;
+            assert_eq!(started.get(), 4, "a fifth read started beyond the bound");
+            released.set(true);
+            release.wake_all();
+            assert!(waiting.await.is_ok());
+            assert_eq!(started.get(), 5);
+            sleep(Duration::from_millis(20)).await;
+            assert_eq!(reads.admitting_bytes.get(), 0);
+            assert_eq!(reads.flights(), 0);
+        });
+    }
 
     #[test]
     fn a_watch_sees_changes_that_began_before_or_during_it_and_nothing_stays_tracked() {

@@ -28,6 +28,9 @@ pub mod sync;
 pub mod time;
 
 pub use executor::current_reactor;
+/// A shard's executor on the calling thread, for the engine's own async unit tests.
+#[cfg(test)]
+pub(crate) use executor::run;
 pub use executor::{block_on, spawn, JoinHandle};
 pub use provided::{receive_buffers_valid, ReceiveStats, RECEIVE_BUFFER_BYTES};
 pub use reactor::{

@@ -119,6 +119,10 @@ impl ServerProcess {
         resident_bytes(self.child.id())
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, and wait until the process is gone.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -134,13 +138,22 @@ impl Drop for ServerProcess {
 
 /// VmRSS of a process, in bytes.
 pub fn resident_bytes(pid: u32) -> u64 {
+    status_field(pid, "VmRSS:") * 1024
+}
+
+/// The threads of a process.
+pub fn thread_count(pid: u32) -> u64 {
+    status_field(pid, "Threads:")
+}
+
+/// The number after `field` in /proc/PID/status.
+fn status_field(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status
         .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .expect("VmRSS in /proc/PID/status");
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+        .find(|line| line.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in /proc/PID/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 pub fn frame(opcode: Opcode, request_id: u64, extension: &[u8], payload: &[u8]) -> Vec<u8> {
@@ -557,6 +570,15 @@ pub fn generated_crc(seed: u64, len: u64) -> u32 {
 /// The server's largest RSS while `work` runs, sampled every 20 ms (the process may be gone
 /// when a test fails: then the samples end).
 pub fn rss_peak_during<T>(server: &ServerProcess, work: impl FnOnce() -> T) -> (T, u64) {
+    peak_during(server, resident_bytes, work)
+}
+
+/// The largest value `measure` (of the server's pid) took while `work` ran, sampled every 20 ms.
+pub fn peak_during<T>(
+    server: &ServerProcess,
+    measure: fn(u32) -> u64,
+    work: impl FnOnce() -> T,
+) -> (T, u64) {
     let pid = server.child.id();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
@@ -564,7 +586,7 @@ pub fn rss_peak_during<T>(server: &ServerProcess, work: impl FnOnce() -> T) -> (
         std::thread::spawn(move || {
             let sample = || {
                 if std::fs::metadata(format!("/proc/{pid}")).is_ok() {
-                    resident_bytes(pid)
+                    measure(pid)
                 } else {
                     0
                 }
