@@ -214,25 +214,13 @@ impl Reads {
         A: FnOnce(Rc<Fetch>) -> AdmitFuture + 'static,
         AdmitFuture: Future<Output = ()> + 'static,
     {
-        let existing = self
-            .flights
-            .borrow()
-            .get(&flight)
-            .filter(|shared| shared.watch.unchanged())
-            .cloned();
-        let shared = match existing {
+        let shared = match self.joinable(&flight) {
             Some(shared) => shared,
             None => {
                 while self.admitting_bytes.get() >= ADMITTING_BYTES_MAX {
                     self.admitted.wait().await;
                 }
-                let started_meanwhile = self
-                    .flights
-                    .borrow()
-                    .get(&flight)
-                    .filter(|shared| shared.watch.unchanged())
-                    .cloned();
-                if let Some(shared) = started_meanwhile {
+                if let Some(shared) = self.joinable(&flight) {
                     // Started by another reader while this one waited.
                     return Self::outcome(shared).await;
                 }
@@ -282,6 +270,15 @@ impl Reads {
             }
         };
         Self::outcome(shared).await
+    }
+
+    /// The flight of `flight` in progress, if its key has not changed since it started.
+    fn joinable(&self, flight: &FlightKey) -> Option<Rc<Flight>> {
+        self.flights
+            .borrow()
+            .get(flight)
+            .filter(|shared| shared.watch.unchanged())
+            .cloned()
     }
 
     /// What `flight` read, once it has.
