@@ -10,8 +10,6 @@ use hydrant_engine::policy::{Capacity, EvictionPolicy, PolicyKind};
 use crate::plot::{self, Series};
 use crate::trace::{self, Request, TraceFormat};
 
-const KIB: u64 = 1024;
-
 #[derive(Args)]
 pub struct TraceArgs {
     /// The trace file (gzip-compressed or not).
@@ -48,40 +46,18 @@ pub struct CacheSize {
 impl std::str::FromStr for CacheSize {
     type Err = String;
 
+    /// A plain number counts objects; a number with a unit counts bytes (`128MiB`, `4096B`).
     fn from_str(text: &str) -> Result<CacheSize, String> {
         let label = text.trim().to_string();
-        let digits = label
-            .find(|character: char| !character.is_ascii_digit())
-            .unwrap_or(label.len());
-        let (number, unit) = label.split_at(digits);
-        let number: u64 = number
-            .parse()
-            .map_err(|_| format!("cache size {text:?}: expected a number and a unit"))?;
-        let unit_bytes = match unit.trim() {
-            "" => {
-                return Ok(CacheSize {
-                    label,
-                    capacity: Capacity::Objects(number),
-                })
-            }
-            "B" => 1,
-            "KiB" => KIB,
-            "MiB" => KIB * KIB,
-            "GiB" => KIB * KIB * KIB,
-            "TiB" => KIB * KIB * KIB * KIB,
-            other => {
-                return Err(format!(
-                    "cache size {text:?}: unknown unit {other:?} (B, KiB, MiB, GiB, TiB, or none for objects)"
-                ))
+        let capacity = match label.parse::<u64>() {
+            Ok(objects) => Capacity::Objects(objects),
+            Err(_) => {
+                Capacity::Bytes(hydrant_engine::units::parse_size(&label).map_err(|error| {
+                    format!("cache size: {error} (or a plain count of objects)")
+                })?)
             }
         };
-        let bytes = number
-            .checked_mul(unit_bytes)
-            .ok_or_else(|| format!("cache size {text:?} overflows"))?;
-        Ok(CacheSize {
-            label,
-            capacity: Capacity::Bytes(bytes),
-        })
+        Ok(CacheSize { label, capacity })
     }
 }
 
@@ -405,12 +381,7 @@ mod tests {
         for (kind, misses) in expected {
             let measured: Vec<u64> = (1..=8)
                 .map(|step| {
-                    replay(
-                        &trace.requests,
-                        kind,
-                        Capacity::Bytes(step * 128 * KIB * KIB),
-                    )
-                    .misses
+                    replay(&trace.requests, kind, Capacity::Bytes(step * (128 << 20))).misses
                 })
                 .collect();
             assert_eq!(measured, misses, "{kind}");

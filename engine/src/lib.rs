@@ -20,6 +20,7 @@ mod engine;
 mod shard;
 pub mod store;
 pub mod tier;
+pub mod units;
 
 pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData, Within};
 pub use engine::{

@@ -10,10 +10,11 @@ use std::time::Duration;
 use crate::config::{DelayRange, FaultKind, Settings};
 use crate::control;
 use crate::http::{BodyCopy, CopyEnd, Framing, HeadError, Inbound, RequestHead, ResponseHead};
-use crate::random::SplitMix64;
 use crate::server::Shared;
 use crate::socket;
 use crate::stats::{Fault, Method};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 
 /// Requests whose path starts with this are answered by the proxy itself.
 pub const CONTROL_PREFIX: &str = "/__proxy/";
@@ -62,7 +63,7 @@ pub fn run(shared: &Shared, id: u64, client: TcpStream) {
         id,
         client: Inbound::new(client),
         upstream: None,
-        random: SplitMix64::for_stream(shared.seed, id),
+        random: stream_of(shared.seed, id),
     };
     let ending = session.serve();
     drop(session.upstream.take());
@@ -75,13 +76,20 @@ pub fn run(shared: &Shared, id: u64, client: TcpStream) {
     }
 }
 
+/// The generator of connection `stream` of a run seeded with `seed`.
+fn stream_of(seed: u64, stream: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 struct Session<'a> {
     shared: &'a Shared,
     id: u64,
     client: Inbound,
     /// Kept between requests while the upstream server keeps it alive.
     upstream: Option<Inbound>,
-    random: SplitMix64,
+    /// This connection's draws (faults, delays, cut points): seeded from the run's seed and
+    /// the connection's number, so a connection's draws do not depend on how threads interleave.
+    random: SmallRng,
 }
 
 impl Session<'_> {
@@ -172,7 +180,7 @@ impl Session<'_> {
         if delay.is_none() {
             return;
         }
-        let delay_ms = self.random.between(delay.min_ms, delay.max_ms);
+        let delay_ms = self.random.random_range(delay.min_ms..=delay.max_ms);
         thread::sleep(Duration::from_millis(delay_ms));
     }
 
@@ -180,19 +188,19 @@ impl Session<'_> {
     /// at rate 0, so that a connection's sequence of draws does not depend on runtime changes to
     /// the rate.
     fn choose_fault(&mut self, settings: &Settings) -> Option<Fault> {
-        let draw = self.random.next_unit();
+        let draw: f64 = self.random.random();
         if draw >= settings.fault_rate {
             return None;
         }
-        let kind = settings.faults[self.random.below(settings.faults.len() as u64) as usize];
+        let kind = settings.faults[self.random.random_range(0..settings.faults.len())];
         Some(match kind {
             FaultKind::SlowDown => Fault::SlowDown,
             FaultKind::InternalError => Fault::InternalError,
             FaultKind::ResetBeforeForwarding => Fault::ResetBeforeForwarding,
             FaultKind::ResetMidBody => Fault::ResetMidBody,
-            FaultKind::Reset => match self.random.below(2) {
-                0 => Fault::ResetBeforeForwarding,
-                _ => Fault::ResetMidBody,
+            FaultKind::Reset => match self.random.random_bool(0.5) {
+                true => Fault::ResetBeforeForwarding,
+                false => Fault::ResetMidBody,
             },
         })
     }
@@ -379,7 +387,7 @@ impl Session<'_> {
         upstream: &mut Inbound,
     ) -> io::Result<CopyEnd> {
         let cut_after_bytes = match framing {
-            Framing::Length(length) if length >= 2 => 1 + self.random.below(length - 1),
+            Framing::Length(length) if length >= 2 => self.random.random_range(1..length),
             Framing::Chunked | Framing::UntilClose => MID_BODY_UNKNOWN_LENGTH_CUT_BYTES,
             Framing::Empty | Framing::Length(_) => return Ok(CopyEnd::Cut),
         };
@@ -525,4 +533,20 @@ fn render_response(
         response.extend_from_slice(body);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_draws_the_same_sequence_for_the_same_seed_and_another_for_another_stream() {
+        let draws = |seed, stream| {
+            let mut random = stream_of(seed, stream);
+            (0..8).map(|_| random.random::<u64>()).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7, 0), draws(7, 0));
+        assert_ne!(draws(7, 0), draws(7, 1));
+        assert_ne!(draws(7, 0), draws(8, 0));
+    }
 }

@@ -27,7 +27,6 @@ mod config;
 mod connection;
 mod control;
 mod http;
-mod random;
 mod server;
 mod socket;
 mod stats;

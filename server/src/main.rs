@@ -10,9 +10,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hydrant_engine::device::DeviceConfig;
-use hydrant_engine::origin;
 use hydrant_engine::{
-    BucketOrigin, EngineConfig, OriginConfig, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN,
+    origin, units, BucketOrigin, EngineConfig, OriginConfig, IO_BYTES_IN_FLIGHT_MAX,
+    IO_BYTES_IN_FLIGHT_MIN,
 };
 use hydrant_proto::Limits;
 use hydrant_server::{Server, ServerConfig};
@@ -260,28 +260,12 @@ fn origins(
     Ok(Some(config))
 }
 
-/// Bytes, with an optional KiB, MiB, GiB or TiB suffix.
+/// Bytes, as `hydrant_engine::units::parse_size` reads them (`4GiB`, `512MiB`, `10MB`).
 fn size_bytes(size: &str) -> Result<u64, String> {
-    let units = [
-        ("TiB", 1u64 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("", 1),
-    ];
-    let (number, unit) = units
-        .iter()
-        .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
-        .expect("the empty suffix always matches");
-    let number: u64 = number.trim().parse().map_err(|_| {
-        format!("size {size:?} is not a number with an optional KiB/MiB/GiB/TiB suffix")
-    })?;
-    number
-        .checked_mul(unit)
-        .ok_or_else(|| format!("size {size:?} overflows"))
+    units::parse_size(size).map_err(|error| error.to_string())
 }
 
-/// "PATH" or "PATH:SIZE" with SIZE in bytes or with a KiB, MiB, GiB or TiB suffix.
+/// "PATH" or "PATH:SIZE" with SIZE in bytes or with a unit (`64GiB`).
 fn device(argument: &str) -> Result<DeviceConfig, String> {
     let Some((path, size)) = argument.rsplit_once(':') else {
         return Ok(DeviceConfig::new(PathBuf::from(argument)));
@@ -383,7 +367,7 @@ impl Settings {
         let idle_timeout = match arguments.idle_timeout.as_deref() {
             None => Some(hydrant_server::IDLE_TIMEOUT_DEFAULT),
             Some(text) => {
-                let duration = origin::parse_duration(text)
+                let duration = units::parse_duration(text)
                     .map_err(|error| format!("--idle-timeout: {error}"))?;
                 (!duration.is_zero()).then_some(duration)
             }

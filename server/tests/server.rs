@@ -917,6 +917,18 @@ fn a_config_file_sets_what_flags_do_not() {
         "{stderr}"
     );
 
+    // A size with a unit hydrant does not know is refused with the flag and the text named.
+    let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(["--config", config.to_str().unwrap(), "--dram-bytes", "12XB"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--dram-bytes") && stderr.contains("\"12XB\""),
+        "{stderr}"
+    );
+
     // Receive buffers that are not a power of two are refused too.
     let output = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
         .args([

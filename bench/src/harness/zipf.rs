@@ -1,52 +1,39 @@
-//! Seeded random numbers and the key choosers of the workloads: uniform, and Zipf by
-//! rejection-inversion (W. Hörmann and G. Derflinger, "Rejection-inversion to generate variates
-//! from monotone discrete distributions", 1996), which draws a rank in O(1) time and memory for
-//! any key count and any exponent above 0, including exactly 1.
+//! Seeded random numbers and the key choosers of the workloads: uniform, and Zipf's law by
+//! `rand_distr`'s rejection-inversion sampler (Hörmann and Derflinger, 1996), which draws a rank
+//! in O(1) time and memory for any key count and any exponent above 0, including exactly 1.
 
-/// SplitMix64 (Steele, Lea and Flood): a tiny generator whose whole state is one word, so every
-/// thread seeds its own from the run's seed and its thread number.
+use rand::{RngExt, SeedableRng};
+use rand_distr::Distribution;
+
+/// A thread's generator: `rand`'s small, fast, seedable one (not for cryptography). Every
+/// thread seeds its own from the run's seed and its thread number, so runs repeat.
 #[derive(Clone, Debug)]
-pub struct Random {
-    state: u64,
-}
+pub struct Random(rand::rngs::SmallRng);
 
 impl Random {
     pub fn new(seed: u64) -> Random {
-        Random { state: seed }
+        Random(rand::rngs::SmallRng::seed_from_u64(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut mixed = self.state;
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        mixed ^ (mixed >> 31)
+        self.0.random()
     }
 
-    /// A uniform value in [0, 1): the top 53 bits, which an f64's mantissa holds exactly.
+    /// A uniform value in [0, 1).
     pub fn next_unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.0.random()
     }
 
-    /// A uniform value in [0, bound). The modulo's bias is below bound / 2^64, far under what a
-    /// benchmark can observe.
+    /// A uniform value in [0, bound).
     pub fn below(&mut self, bound: u64) -> u64 {
         assert!(bound > 0);
-        self.next_u64() % bound
+        self.0.random_range(0..bound)
     }
 }
 
 /// Zipf's law over ranks 1..=n: P(k) is proportional to 1 / k^exponent.
 #[derive(Clone, Debug)]
-pub struct Zipf {
-    n: f64,
-    exponent: f64,
-    integral_of_first: f64,
-    integral_of_all: f64,
-    /// Ranks whose inverse lands within this distance of their centre are accepted without the
-    /// second test (the paper's `s`).
-    squeeze: f64,
-}
+pub struct Zipf(rand_distr::Zipf<f64>);
 
 impl Zipf {
     pub fn new(n: u64, exponent: f64) -> Zipf {
@@ -55,66 +42,12 @@ impl Zipf {
             exponent > 0.0 && exponent.is_finite(),
             "the Zipf exponent must be above 0"
         );
-        let mut zipf = Zipf {
-            n: n as f64,
-            exponent,
-            integral_of_first: 0.0,
-            integral_of_all: 0.0,
-            squeeze: 0.0,
-        };
-        zipf.integral_of_first = zipf.integral(1.5) - 1.0;
-        zipf.integral_of_all = zipf.integral(zipf.n + 0.5);
-        zipf.squeeze = 2.0 - zipf.integral_inverse(zipf.integral(2.5) - zipf.density(2.0));
-        zipf
+        Zipf(rand_distr::Zipf::new(n as f64, exponent).expect("n and the exponent were checked"))
     }
 
-    /// A rank in 1..=n; rank 1 is the most frequent.
+    /// A rank in 1..=n.
     pub fn sample(&self, random: &mut Random) -> u64 {
-        loop {
-            let area = self.integral_of_all
-                + random.next_unit() * (self.integral_of_first - self.integral_of_all);
-            let x = self.integral_inverse(area);
-            let rank = (x + 0.5).floor().clamp(1.0, self.n);
-            if rank - x <= self.squeeze || area >= self.integral(rank + 0.5) - self.density(rank) {
-                return rank as u64;
-            }
-        }
-    }
-
-    /// The unnormalised density 1 / x^exponent.
-    fn density(&self, x: f64) -> f64 {
-        (-self.exponent * x.ln()).exp()
-    }
-
-    /// The integral of the density from 1 to x: (x^(1-exponent) - 1) / (1 - exponent), written so
-    /// that it stays exact as the exponent approaches 1 (where it becomes ln x).
-    fn integral(&self, x: f64) -> f64 {
-        let log_x = x.ln();
-        exp_minus_one_over((1.0 - self.exponent) * log_x) * log_x
-    }
-
-    fn integral_inverse(&self, area: f64) -> f64 {
-        // Below -1 the logarithm is undefined; rounding can put `area` just past the end.
-        let scaled = (area * (1.0 - self.exponent)).max(-1.0);
-        (log_one_plus_over(scaled) * area).exp()
-    }
-}
-
-/// ln(1 + x) / x, continuous at 0.
-fn log_one_plus_over(x: f64) -> f64 {
-    if x.abs() > 1e-8 {
-        x.ln_1p() / x
-    } else {
-        1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x))
-    }
-}
-
-/// (e^x - 1) / x, continuous at 0.
-fn exp_minus_one_over(x: f64) -> f64 {
-    if x.abs() > 1e-8 {
-        x.exp_m1() / x
-    } else {
-        1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x))
+        self.0.sample(&mut random.0) as u64
     }
 }
 
