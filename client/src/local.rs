@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use memmap2::{MmapMut, MmapOptions};
+use nix::sys::socket;
+
 use hydrant_proto::local::{
     local_message, LocalHeader, LocalOpcode, LocalRead, LocalReadAnswer, LocalReadItem,
     LocalRegionInfo, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGION_FLAG_HUGE_PAGES,
@@ -71,18 +74,14 @@ pub struct LocalClient {
 /// it with CUDA).
 pub struct Region {
     _memfd: OwnedFd,
-    address: *mut u8,
+    /// The client's shared mapping of the whole memfd.
+    mapping: MmapMut,
     bytes: u64,
     id: u32,
     connection: u64,
     huge_pages: bool,
     cuda: Option<Arc<CudaRuntime>>,
 }
-
-// SAFETY: the mapping is plain memory owned by this value; `&mut` is needed to have the server
-// write into it, so shared references only ever read it.
-unsafe impl Send for Region {}
-unsafe impl Sync for Region {}
 
 impl Region {
     pub fn len(&self) -> usize {
@@ -103,21 +102,20 @@ impl Region {
         self.cuda.is_some()
     }
 
+    /// The region's bytes. The server writes into it only during a read, which takes
+    /// `&mut self`.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the mapping is `bytes` long and lives as long as self; the server writes into
-        // it only during a read, which takes `&mut self`.
-        unsafe { std::slice::from_raw_parts(self.address, self.bytes as usize) }
+        &self.mapping
     }
 
     /// The region to write into (a consumer's own scratch use between reads).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in as_slice; `&mut self` excludes a read into it meanwhile.
-        unsafe { std::slice::from_raw_parts_mut(self.address, self.bytes as usize) }
+        &mut self.mapping
     }
 
     /// The start of the mapping, for handing to a device API (cudaMemcpy and the like).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.address
+        self.mapping.as_mut_ptr()
     }
 
     /// Register the region with CUDA (loaded at run time). On error the region works as before,
@@ -136,7 +134,7 @@ impl Region {
         runtime: Arc<CudaRuntime>,
     ) -> std::result::Result<(), CudaError> {
         // SAFETY: the mapping stays until Drop, which unregisters first.
-        unsafe { runtime.register(self.address, self.bytes as usize)? };
+        unsafe { runtime.register(self.mapping.as_mut_ptr(), self.bytes as usize)? };
         self.cuda = Some(runtime);
         Ok(())
     }
@@ -146,10 +144,9 @@ impl Drop for Region {
     fn drop(&mut self) {
         if let Some(runtime) = self.cuda.take() {
             // SAFETY: registered with this runtime in register_with.
-            let _ = unsafe { runtime.unregister(self.address) };
+            let _ = unsafe { runtime.unregister(self.mapping.as_mut_ptr()) };
         }
-        // SAFETY: our own mapping of `bytes`.
-        unsafe { libc::munmap(self.address.cast(), self.bytes as usize) };
+        // The mapping is unmapped as it is dropped, after the unregistration.
     }
 }
 
@@ -181,23 +178,17 @@ impl LocalClient {
                 "the server's ALLOCATE answer came without a file descriptor",
             ))
         })?;
-        // SAFETY: mapping the whole memfd the server sized (and sealed against shrinking).
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                info.bytes as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
+        // SAFETY: a shared mapping of the whole memfd the server sized and sealed against
+        // shrinking (so no access past its end can fault); the server writes into it only
+        // during a read, which takes the region by `&mut`.
+        let mapping = unsafe {
+            MmapOptions::new()
+                .len(info.bytes as usize)
+                .map_mut(&memfd)?
         };
-        if address == libc::MAP_FAILED {
-            return Err(ClientError::Io(io::Error::last_os_error()));
-        }
         Ok(Region {
             _memfd: memfd,
-            address: address.cast(),
+            mapping,
             bytes: info.bytes,
             id: info.region,
             connection: self.connection,
@@ -332,43 +323,31 @@ fn receive_with_fd(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Option<
     let mut received = 0;
     let mut fd = None;
     while received < buffer.len() {
-        let mut control = [0u64; 8]; // aligned for cmsghdr
-        let mut iov = libc::iovec {
-            iov_base: buffer[received..].as_mut_ptr().cast(),
-            iov_len: buffer.len() - received,
+        let mut control = nix::cmsg_space!(RawFd);
+        let mut iov = [io::IoSliceMut::new(&mut buffer[received..])];
+        let message = match socket::recvmsg::<()>(
+            stream.as_raw_fd(),
+            &mut iov,
+            Some(&mut control),
+            socket::MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(message) => message,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(error) => return Err(error.into()),
         };
-        // SAFETY: msghdr is plain data; its pointers outlive the call.
-        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-        header.msg_iov = &mut iov;
-        header.msg_iovlen = 1;
-        header.msg_control = control.as_mut_ptr().cast();
-        header.msg_controllen = std::mem::size_of_val(&control) as _;
-        // SAFETY: recvmsg writes into the iovec and control buffers described above.
-        let count =
-            unsafe { libc::recvmsg(stream.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
-        if count < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        if count == 0 {
+        if message.bytes == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the server closed the connection",
             ));
         }
-        received += count as usize;
-        // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
-        unsafe {
-            let mut cmsg = libc::CMSG_FIRSTHDR(&header);
-            while !cmsg.is_null() {
-                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                    let passed: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
-                    fd = Some(OwnedFd::from_raw_fd(passed));
+        received += message.bytes;
+        for control in message.cmsgs()? {
+            if let socket::ControlMessageOwned::ScmRights(passed) = control {
+                for passed in passed {
+                    // SAFETY: the kernel installed this descriptor in our table for us alone.
+                    fd = Some(unsafe { OwnedFd::from_raw_fd(passed) });
                 }
-                cmsg = libc::CMSG_NXTHDR(&header, cmsg);
             }
         }
     }

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -36,6 +36,10 @@ use hydrant_proto::local::{
     LOCAL_REGION_BYTES_MAX, LOCAL_REGION_FLAG_HUGE_PAGES,
 };
 use hydrant_proto::Status;
+use memmap2::{MmapOptions, MmapRaw};
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::socket::{self, Shutdown};
 
 use crate::connection::requests::engine_failure;
 use crate::metrics::{
@@ -106,11 +110,11 @@ impl LocalEndpoint {
 
     pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
-        // SAFETY: shutdown on fds owned by this endpoint (the listener) or by connection threads
-        // that remove their fd from the table, under its lock, before closing it.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        // The fds are the listener's (this endpoint's) and those of connection threads that
+        // remove their fd from the table, under its lock, before closing it.
+        let _ = socket::shutdown(self.listener.as_raw_fd(), Shutdown::Both);
         for fd in self.connections.lock().expect("not poisoned").values() {
-            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+            let _ = socket::shutdown(*fd, Shutdown::Both);
         }
         let _ = self.thread.join();
         let _ = std::fs::remove_file(&self.path);
@@ -138,8 +142,7 @@ fn accept_loop(
             log::warn!("local socket: refused a peer whose credentials are unknown");
             continue;
         };
-        // SAFETY: geteuid cannot fail.
-        let own_uid = unsafe { libc::geteuid() };
+        let own_uid = nix::unistd::geteuid().as_raw();
         if uid != own_uid && uid != 0 {
             log::warn!(
                 "local socket: refused pid {pid} of uid {uid} (serving uid {own_uid} and root)"
@@ -186,29 +189,15 @@ fn accept_loop(
 
 /// The peer's pid and uid, from the kernel (SO_PEERCRED).
 fn peer_credentials(stream: &UnixStream) -> Option<(i32, u32)> {
-    let mut credentials = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `credentials`.
-    let result = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut credentials as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (result == 0).then_some((credentials.pid, credentials.uid))
+    let credentials = socket::getsockopt(stream, socket::sockopt::PeerCredentials).ok()?;
+    Some((credentials.pid(), credentials.uid()))
 }
 
 /// A shared region: a sealed memfd and the server's mapping of it.
 struct Region {
     memfd: OwnedFd,
-    address: *mut u8,
+    /// The server's shared mapping of the whole memfd, unmapped when the region is dropped.
+    mapping: MmapRaw,
     bytes: u64,
     huge_pages: bool,
     /// The fixed-buffer slot it is registered at on every shard's ring, if it is.
@@ -307,44 +296,22 @@ impl Region {
     }
 
     fn create_with(bytes: u64, huge_pages: bool) -> io::Result<Region> {
-        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        let mut flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
         if huge_pages {
-            flags |= libc::MFD_HUGETLB;
+            flags |= MFdFlags::MFD_HUGETLB;
         }
-        // SAFETY: the name is a NUL-terminated string; the fd returned is ours to own.
-        let fd = unsafe { libc::memfd_create(c"hydrant-region".as_ptr(), flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just created and is owned by nothing else.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain syscalls on the fd we own.
-        if unsafe { libc::ftruncate(fd, bytes as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let memfd = memfd_create(c"hydrant-region", flags)?;
+        let length = libc::off_t::try_from(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
+        nix::unistd::ftruncate(&memfd, length)?;
         // The client must not shrink the file under our mapping (a write past its end would
         // raise SIGBUS in the server) nor grow it; SEAL_SEAL keeps these seals final.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new shared mapping of the whole file; nothing else is at that address.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(&memfd, FcntlArg::F_ADD_SEALS(seals))?;
+        let mapping = MmapOptions::new().len(bytes as usize).map_raw(&memfd)?;
         Ok(Region {
             memfd,
-            address: address.cast(),
+            mapping,
             bytes,
             huge_pages,
             slot: None,
@@ -352,17 +319,20 @@ impl Region {
     }
 }
 
-// SAFETY: the mapping is plain shared memory; the server writes it only through `ExternalBuf`
-// (device reads and copies into ranges of it) and never hands out references into it.
-unsafe impl Send for Region {}
-unsafe impl Sync for Region {}
+impl Region {
+    /// Where the server's mapping starts. The server writes the region only through
+    /// `ExternalBuf` (device reads and copies into ranges of it) and never hands out references
+    /// into it.
+    fn address(&self) -> usize {
+        self.mapping.as_mut_ptr() as usize
+    }
+}
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping when the last holder lets go: the connection, and
-        // every read that may still write into it (an operation in flight on a ring holds its
-        // `ExternalBuf`, and so this region, until its completion arrives).
-        unsafe { libc::munmap(self.address.cast(), self.bytes as usize) };
+        // The mapping goes with the last holder: the connection, and every read that may still
+        // write into it (an operation in flight on a ring holds its `ExternalBuf`, and so this
+        // region, until its completion arrives).
         LOCAL_REGIONS.fetch_sub(1, Ordering::SeqCst);
         LOCAL_REGION_BYTES.fetch_sub(self.bytes, Ordering::SeqCst);
     }
@@ -473,7 +443,7 @@ impl LocalConnection {
                 return refuse(Status::Internal, format!("cannot create a region: {error}"));
             }
         };
-        region.slot = register_region(&self.engine, region.address as usize, bytes);
+        region.slot = register_region(&self.engine, region.address(), bytes);
         if region.slot.is_some() {
             LOCAL_REGIONS_REGISTERED.fetch_add(1, Ordering::SeqCst);
         }
@@ -599,7 +569,7 @@ impl LocalConnection {
             let mut whole = unsafe {
                 ExternalBuf::new(
                     region.clone() as Arc<dyn std::any::Any + Send + Sync>,
-                    region.address as usize,
+                    region.address(),
                     region.bytes as usize,
                 )
             };
@@ -749,33 +719,14 @@ async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
 
 /// Send `message` with `fd` attached (SCM_RIGHTS) to its first byte.
 fn send_with_fd(stream: &UnixStream, message: &[u8], fd: RawFd) -> io::Result<()> {
-    let mut control = [0u8; 64];
-    // SAFETY: CMSG_SPACE of one int is well below 64 bytes.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    assert!(space <= control.len());
-    let mut iov = libc::iovec {
-        iov_base: message.as_ptr() as *mut libc::c_void,
-        iov_len: message.len(),
-    };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr().cast();
-    header.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one cmsghdr with room for one fd (checked above).
-    let sent = unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&header);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-        libc::sendmsg(stream.as_raw_fd(), &header, libc::MSG_NOSIGNAL)
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    (&*stream).write_all(&message[sent as usize..])
+    let sent = socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[io::IoSlice::new(message)],
+        &[socket::ControlMessage::ScmRights(&[fd])],
+        socket::MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    (&*stream).write_all(&message[sent..])
 }
 
 /// Waits for every future and returns their outputs in order (so that the reads of several
