@@ -31,7 +31,7 @@ pub struct TraceArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Also draw miss ratio against size, one line per policy, into this PNG file.
+    /// Also draw miss ratio against size, one line per policy, into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
 }

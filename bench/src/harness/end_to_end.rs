@@ -311,8 +311,9 @@ fn the_peer_runs_the_same_gets_against_memcached() {
         out: Some(plots.clone()),
     })
     .expect("report");
-    let png = std::fs::read(plots.join(super::report::LATENCY_PLOT)).expect("the plot");
-    assert_eq!(&png[1..4], b"PNG");
+    let svg = std::fs::read_to_string(plots.join(super::report::LATENCY_PLOT)).expect("the plot");
+    let lines = svg.matches("stroke-width=\"3\"").count();
+    assert_eq!(lines, 2 + 2, "two runs' lines and their legend marks");
     server.stop().expect("server stops");
     let _ = std::fs::remove_dir_all(&directory);
 }

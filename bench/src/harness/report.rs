@@ -12,15 +12,15 @@ pub struct ReportArgs {
     /// Reports written by the workloads' `--json`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-    /// Write latency-percentiles.png, throughput-operations.png and throughput-mebibytes.png
+    /// Write latency-percentiles.svg, throughput-operations.svg and throughput-mebibytes.svg
     /// here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-pub const LATENCY_PLOT: &str = "latency-percentiles.png";
-pub const THROUGHPUT_OPERATIONS_PLOT: &str = "throughput-operations.png";
-pub const THROUGHPUT_MEBIBYTES_PLOT: &str = "throughput-mebibytes.png";
+pub const LATENCY_PLOT: &str = "latency-percentiles.svg";
+pub const THROUGHPUT_OPERATIONS_PLOT: &str = "throughput-operations.svg";
+pub const THROUGHPUT_MEBIBYTES_PLOT: &str = "throughput-mebibytes.svg";
 
 pub fn report(args: &ReportArgs) -> Result<(), String> {
     let reports = args
@@ -205,8 +205,11 @@ mod tests {
             THROUGHPUT_OPERATIONS_PLOT,
             THROUGHPUT_MEBIBYTES_PLOT,
         ] {
-            let png = std::fs::read(directory.join(plot)).expect(plot);
-            assert_eq!(&png[1..4], b"PNG");
+            let svg = std::fs::read_to_string(directory.join(plot)).expect(plot);
+            assert!(
+                svg.starts_with("<svg") && svg.contains("<polyline"),
+                "{plot}"
+            );
         }
     }
 }
