@@ -1,13 +1,18 @@
 //! Counters of the server, kept per shard thread (no shared mutable state between shards) and
-//! gathered, with the engine's own, into the Prometheus text format for `--metrics` and STATS.
+//! gathered, with the engine's own, into the Prometheus text format (by `prometheus-client`)
+//! for `--metrics` and STATS.
 
 use std::cell::RefCell;
-use std::fmt::Write as _;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hydrant_engine::ShardStats;
 use hydrant_proto::Opcode;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the latency histogram's buckets, in microseconds (the last is +Inf).
 pub const LATENCY_BUCKETS_US: [u64; 8] = [50, 100, 250, 500, 1_000, 5_000, 25_000, 100_000];
@@ -100,333 +105,413 @@ pub fn snapshot() -> ServerCounters {
     COUNTERS.with(|counters| counters.borrow().clone())
 }
 
-fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// What one scrape shows: every shard's engine stats and server counters, the engine-wide
+/// origin side, and the first refused writes by name. Encoded by `prometheus-client` in the
+/// Prometheus text format (0.0.4); the counting itself stays per shard thread (plain integers,
+/// no atomics on the data path) and is read only when a scrape asks.
+#[derive(Debug)]
+struct Scrape {
+    shards: Vec<(ShardStats, ServerCounters)>,
+    origin: Option<hydrant_engine::OriginStats>,
+    refused: Vec<hydrant_engine::FailedUpload>,
 }
 
-/// The Prometheus text format of every shard's engine stats and server counters.
-pub fn render(shards: &[(ShardStats, ServerCounters)]) -> String {
-    let mut out = String::new();
-    type Field = fn(&ShardStats) -> u64;
-    let engine_metrics: [(&str, &str, &str, Field); 27] = [
+/// The value of one sample, as its metric type encodes it.
+fn sample(metric: &mut MetricEncoder, kind: MetricType, value: u64) -> fmt::Result {
+    match kind {
+        MetricType::Counter => metric.encode_counter::<NoLabelSet, u64, u64>(&value, None),
+        _ => metric.encode_gauge(&value),
+    }
+}
+
+/// One sample per shard, labelled with the shard's number.
+fn per_shard(
+    encoder: &mut DescriptorEncoder,
+    (name, kind, help): (&str, MetricType, &str),
+    shards: &[(ShardStats, ServerCounters)],
+    value: impl Fn(&ShardStats, &ServerCounters) -> u64,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (stats, counters) in shards {
+        let shard = [("shard", stats.shard.to_string())];
+        sample(
+            &mut metric.encode_family(&shard)?,
+            kind,
+            value(stats, counters),
+        )?;
+    }
+    Ok(())
+}
+
+/// One sample with no labels.
+fn single(
+    encoder: &mut DescriptorEncoder,
+    (name, kind, help): (&str, MetricType, &str),
+    value: u64,
+) -> fmt::Result {
+    sample(
+        &mut encoder.encode_descriptor(name, help, None, kind)?,
+        kind,
+        value,
+    )
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let shards = &self.shards[..];
+        type Field = fn(&ShardStats) -> u64;
+        let engine_metrics: [(&str, MetricType, &str, Field); 27] = [
         (
-            "hydrant_nvme_admitted_bytes_total",
-            "counter",
+            "hydrant_nvme_admitted_bytes",
+            MetricType::Counter,
             "Bytes read from origins and admitted to NVMe.",
             |stats| stats.admission.admitted_bytes,
         ),
         (
-            "hydrant_nvme_rejected_cold_total",
-            "counter",
+            "hydrant_nvme_rejected_cold",
+            MetricType::Counter,
             "Origin reads not admitted to a full NVMe tier: their key was not seen before.",
             |stats| stats.admission.rejected_cold,
         ),
         (
-            "hydrant_nvme_rejected_budget_total",
-            "counter",
+            "hydrant_nvme_rejected_budget",
+            MetricType::Counter,
             "Origin reads not admitted to NVMe: the admission write budget was spent.",
             |stats| stats.admission.rejected_budget,
         ),
-        ("hydrant_objects", "gauge", "Objects stored.", |stats| {
+        ("hydrant_objects", MetricType::Gauge, "Objects stored.", |stats| {
             stats.objects
         }),
         (
-            "hydrant_dram_hits_total",
-            "counter",
+            "hydrant_dram_hits",
+            MetricType::Counter,
             "Reads answered by the DRAM tier.",
             |stats| stats.dram.hits,
         ),
         (
-            "hydrant_dram_misses_total",
-            "counter",
+            "hydrant_dram_misses",
+            MetricType::Counter,
             "Reads of stored objects the DRAM tier did not hold.",
             |stats| stats.dram.misses,
         ),
         (
             "hydrant_dram_bytes",
-            "gauge",
+            MetricType::Gauge,
             "Bytes of objects held by the DRAM tier.",
             |stats| stats.dram.bytes,
         ),
         (
             "hydrant_dram_capacity_bytes",
-            "gauge",
+            MetricType::Gauge,
             "The DRAM tier's capacity.",
             |stats| stats.dram.capacity_bytes,
         ),
         (
             "hydrant_object_bytes",
-            "gauge",
+            MetricType::Gauge,
             "Bytes of object data stored.",
             |stats| stats.object_bytes,
         ),
         (
             "hydrant_regions",
-            "gauge",
+            MetricType::Gauge,
             "Regions of the shard.",
             |stats| stats.regions,
         ),
         (
             "hydrant_regions_free",
-            "gauge",
+            MetricType::Gauge,
             "Regions free for writing.",
             |stats| stats.regions_free,
         ),
         (
-            "hydrant_engine_gets_total",
-            "counter",
+            "hydrant_engine_gets",
+            MetricType::Counter,
             "Gets on the NVMe tier.",
             |stats| stats.counters.gets,
         ),
         (
-            "hydrant_engine_hits_total",
-            "counter",
+            "hydrant_engine_hits",
+            MetricType::Counter,
             "Gets that found the object on the NVMe tier.",
             |stats| stats.counters.hits,
         ),
         (
-            "hydrant_engine_misses_total",
-            "counter",
+            "hydrant_engine_misses",
+            MetricType::Counter,
             "Gets that did not find the object.",
             |stats| stats.counters.misses,
         ),
         (
-            "hydrant_engine_puts_total",
-            "counter",
+            "hydrant_engine_puts",
+            MetricType::Counter,
             "Puts made durable.",
             |stats| stats.counters.puts,
         ),
         (
-            "hydrant_engine_deletes_total",
-            "counter",
+            "hydrant_engine_deletes",
+            MetricType::Counter,
             "Deletes made durable.",
             |stats| stats.counters.deletes,
         ),
         (
-            "hydrant_device_read_bytes_total",
-            "counter",
+            "hydrant_device_read_bytes",
+            MetricType::Counter,
             "Object bytes read from the devices.",
             |stats| stats.counters.bytes_read,
         ),
         (
-            "hydrant_device_written_bytes_total",
-            "counter",
+            "hydrant_device_written_bytes",
+            MetricType::Counter,
             "Object bytes written to the devices.",
             |stats| stats.counters.bytes_written,
         ),
         (
-            "hydrant_flushes_total",
-            "counter",
+            "hydrant_flushes",
+            MetricType::Counter,
             "Group-commit flushes.",
             |stats| stats.flushes,
         ),
         (
-            "hydrant_evictions_total",
-            "counter",
+            "hydrant_evictions",
+            MetricType::Counter,
             "Objects evicted by reclaim.",
             |stats| stats.counters.evictions,
         ),
         (
-            "hydrant_reclaims_total",
-            "counter",
+            "hydrant_reclaims",
+            MetricType::Counter,
             "Regions reclaimed.",
             |stats| stats.counters.reclaims,
         ),
         (
             "hydrant_receive_buffers",
-            "gauge",
+            MetricType::Gauge,
             "Provided receive buffers of the shard, shared by its connections' multishot receives.",
             |stats| u64::from(stats.receive.buffers),
         ),
         (
             "hydrant_receive_buffers_lent",
-            "gauge",
+            MetricType::Gauge,
             "Provided receive buffers holding bytes their connection has not copied out yet.",
             |stats| u64::from(stats.receive.buffers_lent),
         ),
         (
-            "hydrant_receive_streams_total",
-            "counter",
+            "hydrant_receive_streams",
+            MetricType::Counter,
             "Multishot receives started.",
             |stats| stats.receive.streams_started,
         ),
         (
-            "hydrant_receive_buffer_shortages_total",
-            "counter",
+            "hydrant_receive_buffer_shortages",
+            MetricType::Counter,
             "Multishot receives that found no provided buffer free (a plain receive followed).",
             |stats| stats.receive.buffer_shortages,
         ),
         (
-            "hydrant_receive_streams_cut_total",
-            "counter",
+            "hydrant_receive_streams_cut",
+            MetricType::Counter,
             "Multishot receives cancelled for holding 8 unread buffers (a stalled reader, or a burst).",
             |stats| stats.receive.streams_cut,
         ),
         (
-            "hydrant_checksum_errors_total",
-            "counter",
+            "hydrant_checksum_errors",
+            MetricType::Counter,
             "Stored bytes that failed their checksum.",
             |stats| stats.counters.checksum_errors,
         ),
     ];
-    for (name, kind, help, field) in engine_metrics {
-        metric(&mut out, name, kind, help);
-        for (stats, _) in shards {
-            let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", stats.shard, field(stats));
+        for (name, kind, help, field) in engine_metrics {
+            per_shard(&mut encoder, (name, kind, help), shards, |stats, _| {
+                field(stats)
+            })?;
         }
-    }
-    metric(
-        &mut out,
-        "hydrant_requests_total",
-        "counter",
-        "Requests answered, per operation.",
-    );
-    for (stats, counters) in shards {
-        for opcode in Opcode::ALL {
-            let _ = writeln!(
-                out,
-                "hydrant_requests_total{{shard=\"{}\",operation=\"{opcode:?}\"}} {}",
-                stats.shard, counters.requests[opcode as usize]
-            );
+        {
+            let mut metric = encoder.encode_descriptor(
+                "hydrant_requests",
+                "Requests answered, per operation.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (stats, counters) in shards {
+                for opcode in Opcode::ALL {
+                    let labels = [
+                        ("shard", stats.shard.to_string()),
+                        ("operation", format!("{opcode:?}")),
+                    ];
+                    metric
+                        .encode_family(&labels)?
+                        .encode_counter::<NoLabelSet, u64, u64>(
+                            &counters.requests[opcode as usize],
+                            None,
+                        )?;
+                }
+            }
         }
-    }
-    type CounterField = fn(&ServerCounters) -> u64;
-    let server_metrics: [(&str, &str, CounterField); 8] = [
+        type CounterField = fn(&ServerCounters) -> u64;
+        let server_metrics: [(&str, &str, CounterField); 8] = [
         (
-            "hydrant_request_errors_total",
+            "hydrant_request_errors",
             "Requests answered with an error status.",
             |counters| counters.request_errors,
         ),
         (
-            "hydrant_received_bytes_total",
+            "hydrant_received_bytes",
             "Bytes of requests received.",
             |counters| counters.bytes_in,
         ),
         (
-            "hydrant_sent_bytes_total",
+            "hydrant_sent_bytes",
             "Bytes of answers sent.",
             |counters| counters.bytes_out,
         ),
         (
-            "hydrant_connections_opened_total",
+            "hydrant_connections_opened",
             "Connections accepted.",
             |counters| counters.connections_opened,
         ),
         (
-            "hydrant_connections_closed_total",
+            "hydrant_connections_closed",
             "Connections closed.",
             |counters| counters.connections_closed,
         ),
         (
-            "hydrant_requests_forwarded_total",
+            "hydrant_requests_forwarded",
             "Requests for another shard's key, served there (one hop between cores each way).",
             |counters| counters.requests_forwarded,
         ),
         (
-            "hydrant_requests_answered_on_arrival_total",
+            "hydrant_requests_answered_on_arrival",
             "GETs answered from the DRAM tier by the connection's reader, without a task.",
             |counters| counters.answered_on_arrival,
         ),
         (
-            "hydrant_connections_timed_out_total",
+            "hydrant_connections_timed_out",
             "Connections closed for sending no HELLO in time or staying idle past the idle timeout.",
             |counters| counters.connections_timed_out,
         ),
     ];
-    for (name, help, field) in server_metrics {
-        metric(&mut out, name, "counter", help);
-        for (stats, counters) in shards {
-            let _ = writeln!(
-                out,
-                "{name}{{shard=\"{}\"}} {}",
-                stats.shard,
-                field(counters)
-            );
+        for (name, help, field) in server_metrics {
+            per_shard(
+                &mut encoder,
+                (name, MetricType::Counter, help),
+                shards,
+                |_, counters| field(counters),
+            )?;
         }
-    }
-    for (name, help, field) in [
-        (
-            "hydrant_copied_bytes_total",
-            "Object bytes copied by the CPU on the way to clients (kernel socket copies not counted).",
-            (|counters: &ServerCounters, path: usize| counters.copied_bytes[path]) as fn(&ServerCounters, usize) -> u64,
-        ),
-        (
-            "hydrant_delivered_bytes_total",
-            "Object bytes delivered to clients.",
-            |counters: &ServerCounters, path: usize| counters.delivered_bytes[path],
-        ),
-    ] {
-        metric(&mut out, name, "counter", help);
-        for (path, path_name) in PATH_NAMES.iter().enumerate() {
-            let total: u64 = shards
-                .iter()
-                .map(|(_, counters)| field(counters, path))
-                .sum();
-            let _ = writeln!(out, "{name}{{path=\"{path_name}\"}} {total}");
+        for (name, help, field) in [
+            (
+                "hydrant_copied_bytes",
+                "Object bytes copied by the CPU on the way to clients (kernel socket copies not counted).",
+                (|counters: &ServerCounters, path: usize| counters.copied_bytes[path])
+                    as fn(&ServerCounters, usize) -> u64,
+            ),
+            (
+                "hydrant_delivered_bytes",
+                "Object bytes delivered to clients.",
+                |counters: &ServerCounters, path: usize| counters.delivered_bytes[path],
+            ),
+        ] {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (path, path_name) in PATH_NAMES.iter().enumerate() {
+                let total: u64 = shards
+                    .iter()
+                    .map(|(_, counters)| field(counters, path))
+                    .sum();
+                metric
+                    .encode_family(&[("path", *path_name)])?
+                    .encode_counter::<NoLabelSet, u64, u64>(&total, None)?;
+            }
         }
-    }
-    for (name, help, value) in [
-        (
-            "hydrant_local_regions",
-            "Same-host shared regions mapped now.",
-            &LOCAL_REGIONS,
-        ),
-        (
-            "hydrant_local_region_bytes",
-            "Bytes of the same-host shared regions mapped now.",
-            &LOCAL_REGION_BYTES,
-        ),
-        (
-            "hydrant_local_regions_registered",
-            "Same-host regions registered with every shard's ring (read with READ_FIXED).",
-            &LOCAL_REGIONS_REGISTERED,
-        ),
-        (
-            "hydrant_local_connections",
-            "Same-host connections open now.",
-            &LOCAL_CONNECTIONS,
-        ),
-    ] {
-        metric(&mut out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
-    }
-    metric(
-        &mut out,
-        "hydrant_request_duration_seconds",
-        "histogram",
-        "Time from a request's arrival to its answer being queued.",
-    );
-    for opcode in [Opcode::Get, Opcode::Put, Opcode::Head, Opcode::Delete] {
-        let index = opcode as usize;
-        let mut cumulative = 0;
-        for (bucket, bound) in LATENCY_BUCKETS_US
-            .iter()
-            .map(|&micros| format!("{}", micros as f64 / 1e6))
-            .chain(["+Inf".to_string()])
-            .enumerate()
+        for (name, help, value) in [
+            (
+                "hydrant_local_regions",
+                "Same-host shared regions mapped now.",
+                &LOCAL_REGIONS,
+            ),
+            (
+                "hydrant_local_region_bytes",
+                "Bytes of the same-host shared regions mapped now.",
+                &LOCAL_REGION_BYTES,
+            ),
+            (
+                "hydrant_local_regions_registered",
+                "Same-host regions registered with every shard's ring (read with READ_FIXED).",
+                &LOCAL_REGIONS_REGISTERED,
+            ),
+            (
+                "hydrant_local_connections",
+                "Same-host connections open now.",
+                &LOCAL_CONNECTIONS,
+            ),
+        ] {
+            single(
+                &mut encoder,
+                (name, MetricType::Gauge, help),
+                value.load(Ordering::Relaxed),
+            )?;
+        }
         {
-            cumulative += shards
-                .iter()
-                .map(|(_, counters)| counters.latency_buckets[index][bucket])
-                .sum::<u64>();
-            let _ = writeln!(out, "hydrant_request_duration_seconds_bucket{{operation=\"{opcode:?}\",le=\"{bound}\"}} {cumulative}");
+            let mut metric = encoder.encode_descriptor(
+                "hydrant_request_duration_seconds",
+                "Time from a request's arrival to its answer being queued.",
+                None,
+                MetricType::Histogram,
+            )?;
+            for opcode in [Opcode::Get, Opcode::Put, Opcode::Head, Opcode::Delete] {
+                let index = opcode as usize;
+                let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_US
+                    .iter()
+                    .map(|&micros| micros as f64 / 1e6)
+                    .chain([f64::INFINITY])
+                    .enumerate()
+                    .map(|(bucket, bound)| {
+                        let count = shards
+                            .iter()
+                            .map(|(_, counters)| counters.latency_buckets[index][bucket])
+                            .sum();
+                        (bound, count)
+                    })
+                    .collect();
+                let count = buckets.iter().map(|(_, count)| count).sum();
+                let sum_us: u64 = shards
+                    .iter()
+                    .map(|(_, counters)| counters.latency_sum_us[index])
+                    .sum();
+                metric
+                    .encode_family(&[("operation", format!("{opcode:?}"))])?
+                    .encode_histogram::<NoLabelSet>(sum_us as f64 / 1e6, count, &buckets, None)?;
+            }
         }
-        let sum: u64 = shards
-            .iter()
-            .map(|(_, counters)| counters.latency_sum_us[index])
-            .sum();
-        let _ = writeln!(
-            out,
-            "hydrant_request_duration_seconds_sum{{operation=\"{opcode:?}\"}} {}",
-            sum as f64 / 1e6
-        );
-        let _ = writeln!(
-            out,
-            "hydrant_request_duration_seconds_count{{operation=\"{opcode:?}\"}} {cumulative}"
-        );
+        if let Some(origin) = &self.origin {
+            encode_origin(&mut encoder, origin)?;
+        }
+        if !self.refused.is_empty() {
+            let help = format!(
+                "A write the origin refused for good, kept on NVMe (the first {REFUSED_NAMED_MAX})."
+            );
+            let mut metric = encoder.encode_descriptor(
+                "hydrant_upload_refused_bytes",
+                &help,
+                None,
+                MetricType::Gauge,
+            )?;
+            for failed in &self.refused {
+                let labels = [("bucket", &failed.bucket), ("key", &failed.key)];
+                metric.encode_family(&labels)?.encode_gauge(&failed.bytes)?;
+            }
+        }
+        Ok(())
     }
-    out
+}
+
+/// The Prometheus text format of a scrape.
+fn render(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut text = String::new();
+    prometheus_text::encode(&mut text, &registry).expect("writing to a String cannot fail");
+    text
 }
 
 /// Every shard's engine stats and server counters, rendered.
@@ -450,124 +535,174 @@ pub fn gather(
         for call in calls {
             shards.push(call.await?);
         }
-        let mut text = render(&shards);
-        if let Some(origin) = origin {
-            text.push_str(&render_origin(&origin));
-        }
-        if let Some(refused) = refused {
-            text.push_str(&render_refused(&refused.await?.0));
-        }
-        Ok(text)
+        let refused = match refused {
+            Some(refused) => refused.await?.0,
+            None => Vec::new(),
+        };
+        Ok(render(Scrape {
+            shards,
+            origin,
+            refused,
+        }))
     }
 }
 
 /// Refused writes named in the metrics (all of them: `hydrant uploads`).
 const REFUSED_NAMED_MAX: usize = 20;
 
-/// One gauge per refused write, named by labels (at most `REFUSED_NAMED_MAX`).
-fn render_refused(refused: &[hydrant_engine::FailedUpload]) -> String {
-    let mut out = String::new();
-    if refused.is_empty() {
-        return out;
-    }
-    let _ = writeln!(
-        out,
-        "# HELP hydrant_upload_refused_bytes A write the origin refused for good, kept on NVMe (the first {REFUSED_NAMED_MAX}).\n# TYPE hydrant_upload_refused_bytes gauge"
-    );
-    for failed in refused {
-        let _ = writeln!(
-            out,
-            "hydrant_upload_refused_bytes{{bucket=\"{}\",key=\"{}\"}} {}",
-            label(&failed.bucket),
-            label(&failed.key),
-            failed.bytes
-        );
-    }
-    out
-}
-
-/// A label value as the text format escapes it.
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// The origin traffic and the dirty budget (engine-wide, not per shard).
-pub fn render_origin(origin: &hydrant_engine::OriginStats) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP hydrant_origin_requests_total Requests sent to origins.\n# TYPE hydrant_origin_requests_total counter"
-    );
-    for (operation, count) in [
-        ("get", origin.gets),
-        ("head", origin.heads),
-        ("put", origin.puts),
-        ("list", origin.lists),
-        ("delete", origin.deletes),
-    ] {
-        let _ = writeln!(
-            out,
-            "hydrant_origin_requests_total{{operation=\"{operation}\"}} {count}"
-        );
+fn encode_origin(
+    encoder: &mut DescriptorEncoder,
+    origin: &hydrant_engine::OriginStats,
+) -> fmt::Result {
+    {
+        let mut metric = encoder.encode_descriptor(
+            "hydrant_origin_requests",
+            "Requests sent to origins.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (operation, count) in [
+            ("get", origin.gets),
+            ("head", origin.heads),
+            ("put", origin.puts),
+            ("list", origin.lists),
+            ("delete", origin.deletes),
+        ] {
+            metric
+                .encode_family(&[("operation", operation)])?
+                .encode_counter::<NoLabelSet, u64, u64>(&count, None)?;
+        }
     }
-    let single: [(&str, &str, &str, u64); 8] = [
+    let single_metrics: [(&str, MetricType, &str, u64); 8] = [
         (
-            "hydrant_origin_errors_total",
-            "counter",
+            "hydrant_origin_errors",
+            MetricType::Counter,
             "Origin requests that failed.",
             origin.errors,
         ),
         (
-            "hydrant_origin_received_bytes_total",
-            "counter",
+            "hydrant_origin_received_bytes",
+            MetricType::Counter,
             "Bytes read from origins.",
             origin.bytes_in,
         ),
         (
-            "hydrant_origin_sent_bytes_total",
-            "counter",
+            "hydrant_origin_sent_bytes",
+            MetricType::Counter,
             "Bytes uploaded to origins.",
             origin.bytes_out,
         ),
         (
-            "hydrant_origin_upload_retries_total",
-            "counter",
+            "hydrant_origin_upload_retries",
+            MetricType::Counter,
             "Upload attempts that failed and were retried.",
             origin.uploads_retried,
         ),
         (
             "hydrant_dirty_bytes",
-            "gauge",
+            MetricType::Gauge,
             "Bytes written here and not yet at the origin (budget taken).",
             origin.dirty_bytes,
         ),
         (
             "hydrant_dirty_bytes_max",
-            "gauge",
+            MetricType::Gauge,
             "The dirty-byte budget.",
             origin.dirty_bytes_max,
         ),
         (
             "hydrant_uploads_refused",
-            "gauge",
+            MetricType::Gauge,
             "Writes the origin refused for good, kept on NVMe until retried, replaced or deleted.",
             origin.failed_uploads,
         ),
         (
             "hydrant_uploads_refused_bytes",
-            "gauge",
+            MetricType::Gauge,
             "Bytes of writes the origin refused, apart from the dirty budget.",
             origin.failed_bytes,
         ),
     ];
-    for (name, kind, help, value) in single {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+    for (name, kind, help, value) in single_metrics {
+        single(encoder, (name, kind, help), value)?;
     }
-    out
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape() -> Scrape {
+        let shard = |number: u32, objects: u64| {
+            let stats = ShardStats {
+                shard: number,
+                objects,
+                ..ShardStats::default()
+            };
+            let mut counters = ServerCounters::default();
+            counters.requests[Opcode::Get as usize] = 3 + u64::from(number);
+            counters.latency_buckets[Opcode::Get as usize][0] = 2;
+            counters.latency_buckets[Opcode::Get as usize][8] = 1 + u64::from(number);
+            counters.latency_sum_us[Opcode::Get as usize] = 500_000;
+            (stats, counters)
+        };
+        Scrape {
+            shards: vec![shard(0, 5), shard(1, 7)],
+            origin: Some(hydrant_engine::OriginStats {
+                gets: 9,
+                dirty_bytes_max: 64 << 20,
+                ..Default::default()
+            }),
+            refused: vec![hydrant_engine::FailedUpload {
+                bucket: "b".into(),
+                key: "a \"quoted\"\nkey\\".into(),
+                seq: 1,
+                bytes: 42,
+                reason: "no permission".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_scrape_is_prometheus_text_with_every_shard_labelled() {
+        let text = render(scrape());
+        let lines: Vec<&str> = text.lines().collect();
+        for expected in [
+            "# HELP hydrant_objects Objects stored.",
+            "# TYPE hydrant_objects gauge",
+            "hydrant_objects{shard=\"0\"} 5",
+            "hydrant_objects{shard=\"1\"} 7",
+            "# TYPE hydrant_engine_puts_total counter",
+            "hydrant_requests_total{shard=\"1\",operation=\"Get\"} 4",
+            "hydrant_origin_requests_total{operation=\"get\"} 9",
+            "hydrant_dirty_bytes_max 67108864",
+            // Buckets are cumulative across shards; +Inf counts everything.
+            "# TYPE hydrant_request_duration_seconds histogram",
+            "hydrant_request_duration_seconds_bucket{operation=\"Get\",le=\"5e-05\"} 4",
+            "hydrant_request_duration_seconds_bucket{operation=\"Get\",le=\"+Inf\"} 7",
+            "hydrant_request_duration_seconds_sum{operation=\"Get\"} 1.0",
+            "hydrant_request_duration_seconds_count{operation=\"Get\"} 7",
+            // A refused key's quote, newline and backslash are escaped.
+            "hydrant_upload_refused_bytes{bucket=\"b\",key=\"a \\\"quoted\\\"\\nkey\\\\\"} 42",
+        ] {
+            assert!(lines.contains(&expected), "{expected}\n{text}");
+        }
+        // Every sample belongs to a metric announced with HELP and TYPE.
+        let mut announced = Vec::new();
+        for line in &lines {
+            if let Some(name) = line.strip_prefix("# TYPE ") {
+                announced.push(name.split(' ').next().unwrap().to_string());
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert!(
+                    announced
+                        .iter()
+                        .any(|metric| name.starts_with(metric.as_str())),
+                    "{line}"
+                );
+            }
+        }
+    }
 }
