@@ -12,6 +12,8 @@ use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
 use hydrant_server::{Server, ServerConfig};
+use nix::sys::resource::{getrusage, UsageWho};
+use nix::sys::time::TimeVal;
 
 #[derive(Args)]
 pub struct LocalArgs {
@@ -36,12 +38,12 @@ pub struct LocalArgs {
 }
 
 /// CPU seconds (user + system) of this process, or of its waited-for children.
-fn cpu_seconds(who: i32) -> f64 {
-    // SAFETY: getrusage fills the struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(who, &mut usage) };
-    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+fn cpu_seconds(who: UsageWho) -> f64 {
+    let Ok(usage) = getrusage(who) else {
+        return 0.0;
+    };
+    let seconds = |time: TimeVal| time.tv_sec() as f64 + time.tv_usec() as f64 / 1e6;
+    seconds(usage.user_time()) + seconds(usage.system_time())
 }
 
 /// The server's counters of CPU-copied and delivered object bytes on `path` ("local", "tcp").
@@ -77,7 +79,7 @@ struct Figure {
 }
 
 fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> Figure {
-    let cpu_before = cpu_seconds(libc::RUSAGE_SELF);
+    let cpu_before = cpu_seconds(UsageWho::RUSAGE_SELF);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(seconds);
     let bytes: u64 = std::thread::scope(|scope| {
@@ -101,7 +103,7 @@ fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> 
             .sum()
     });
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(libc::RUSAGE_SELF) - cpu_before;
+    let cpu = cpu_seconds(UsageWho::RUSAGE_SELF) - cpu_before;
     let gib = bytes as f64 / (1u64 << 30) as f64;
     Figure {
         gib_per_second: gib / elapsed,
@@ -180,7 +182,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
         drop(tcps);
         let tcp_copies = copies_per_byte(tcp_before, copy_counters(&mut loader, "tcp")?);
         // fio: the same file, random 1 MiB direct reads at the same depth.
-        let children_before = cpu_seconds(libc::RUSAGE_CHILDREN);
+        let children_before = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
         let fio = crate::fio::run(
             &path,
             "local-bench",
@@ -190,7 +192,7 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
             args.seconds,
             None,
         )?;
-        let fio_cpu = cpu_seconds(libc::RUSAGE_CHILDREN) - children_before;
+        let fio_cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - children_before;
         let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
         let fio_cpu_per_gib = fio_cpu / (fio_gib * args.seconds as f64);
         println!(

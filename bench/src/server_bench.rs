@@ -14,6 +14,8 @@ use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
 use hydrant_server::{Server, ServerConfig};
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
 
 use crate::memcached::MemcachedConnection;
 
@@ -48,14 +50,11 @@ fn memcached_address() -> String {
 /// Keep a load thread off the servers' core.
 pub(crate) fn pin_current_thread_away_from(cpu: usize) {
     let cpus = std::thread::available_parallelism().map_or(1, |count| count.get());
-    // SAFETY: cpu_set_t is plain data filled by CPU_SET; sched_setaffinity only reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for other in (0..cpus).filter(|&other| other != cpu || cpus == 1) {
-            libc::CPU_SET(other, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    let mut set = CpuSet::new();
+    for other in (0..cpus).filter(|&other| other != cpu || cpus == 1) {
+        let _ = set.set(other);
     }
+    let _ = sched_setaffinity(Pid::from_raw(0), &set);
 }
 
 fn value_of(index: usize, bytes: usize) -> Vec<u8> {

@@ -3,7 +3,6 @@
 
 use std::io::{self, Read};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// How long a lingering close keeps reading what the client still sends.
@@ -26,21 +25,8 @@ fn set_linger_zero(stream: &TcpStream) -> io::Result<()> {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: the descriptor stays open for the borrow of `stream`, and the option value points
-    // at a live `linger` whose size is the length passed.
-    let result = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    match result {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
-    }
+    nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::Linger, &linger)?;
+    Ok(())
 }
 
 /// Closes after an answer sent before the request was read in full (431, 400, an early error):

@@ -1440,3 +1440,56 @@ fn a_connection_that_stops_reading_holds_few_receive_buffers() {
         stat_total(&server, "hydrant_receive_buffers_lent{") == 0
     });
 }
+
+/// The host's address on its first non-loopback interface, if it has one: the source address
+/// of a route to a documentation address (a UDP "connect" sends nothing).
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("192.0.2.1:9").ok()?;
+    let address = probe.local_addr().ok()?.ip();
+    (!address.is_loopback() && !address.is_unspecified()).then_some(address)
+}
+
+#[test]
+fn without_a_token_only_clients_on_this_host_are_served() {
+    let Some(remote) = non_loopback_address() else {
+        eprintln!("skipped: this host has no non-loopback address to connect from");
+        return;
+    };
+    let directory =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("remote-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(["--listen", "0.0.0.0:0", "--shards", "1", "--no-shard-ports"])
+        .arg("--data")
+        .arg(format!("{}:256MiB", directory.join("data.hyd").display()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|address| address.rsplit(':').next())
+        .and_then(|port| port.parse::<u16>().ok())
+        .unwrap_or_else(|| panic!("the server prints where it listens: {line:?}"));
+    let stats_from = |host: String| {
+        let config = hydrant_client::ClientConfig::new(&[format!("{host}:{port}")])
+            .connect_timeout(Duration::from_secs(10))
+            .request_timeout(Duration::from_secs(10))
+            .retries_max(0);
+        hydrant_client::Client::with_config(config).and_then(|mut client| client.stats())
+    };
+    let local = stats_from("127.0.0.1".into());
+    // The same port reached through the host's own network address is another host's view.
+    let from_network = stats_from(remote.to_string());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&directory);
+    assert!(local.is_ok(), "loopback: {local:?}");
+    assert!(from_network.is_err(), "{remote} was served without a token");
+}

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -93,18 +93,20 @@ pub(crate) struct Policy {
 
 /// True when the socket's peer is on this host (127.0.0.0/8 or ::1).
 fn peer_is_loopback(socket: &OwnedFd) -> bool {
-    // SAFETY: the fd stays owned by `socket`; ManuallyDrop keeps the stream from closing it.
-    let stream = std::mem::ManuallyDrop::new(unsafe {
-        std::net::TcpStream::from_raw_fd(socket.as_raw_fd())
-    });
-    stream.peer_addr().is_ok_and(|peer| peer.ip().is_loopback())
+    use nix::sys::socket::{getpeername, SockaddrStorage};
+    let Ok(peer) = getpeername::<SockaddrStorage>(socket.as_raw_fd()) else {
+        return false;
+    };
+    match (peer.as_sockaddr_in(), peer.as_sockaddr_in6()) {
+        (Some(v4), _) => v4.ip().is_loopback(),
+        (None, Some(v6)) => v6.ip().is_loopback(),
+        (None, None) => false,
+    }
 }
 
 fn random_nonce() -> [u8; 16] {
     let mut nonce = [0u8; 16];
-    // SAFETY: getrandom writes at most 16 bytes into the array.
-    let filled = unsafe { libc::getrandom(nonce.as_mut_ptr().cast(), nonce.len(), 0) };
-    assert_eq!(filled, 16, "the kernel's random source is unavailable");
+    getrandom::fill(&mut nonce).expect("the kernel's random source is unavailable");
     nonce
 }
 
@@ -310,8 +312,8 @@ async fn watch_deadlines(connection: Rc<Connection>, socket: RawFd) {
     if !connection.reading_done.get() {
         log::debug!("closing a connection that went quiet or never said HELLO");
         metrics::count(|counters| counters.connections_timed_out += 1);
-        // SAFETY: shutdown on a socket fd this connection still owns.
-        unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
+        // The socket fd is this connection's still (see above).
+        let _ = nix::sys::socket::shutdown(socket, nix::sys::socket::Shutdown::Both);
     }
 }
 
