@@ -261,6 +261,14 @@ impl Store {
         }
         *self.index.borrow_mut() = builder.finish();
         self.next_seq.set(seq_max + 1);
+        let mut in_use = vec![false; self.places.len()];
+        for &(_, region) in &used {
+            in_use[region] = true;
+        }
+        let region_blocks = (self.geometry.region_bytes / BLOCK_BYTES as u64) as u32;
+        self.index
+            .borrow()
+            .assert_recovered(&in_use, region_blocks, seq_max + 1);
         {
             let mut log = self.log.borrow_mut();
             log.sealed = used.iter().map(|&(_, region)| region).collect();
@@ -271,6 +279,11 @@ impl Store {
             // entries may be, so its region_seq must never be used again.
             log.next_region_seq = used.last().map_or(1, |&(region_seq, _)| region_seq + 2);
             log.open = None;
+            assert_eq!(
+                log.sealed.len() + log.free.len(),
+                self.places.len(),
+                "every region is either sealed or free after recovery"
+            );
         }
         if let Some((region, region_seq, end)) = tail_end {
             self.write_seal(region, region_seq, end).await?;
