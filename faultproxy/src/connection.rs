@@ -13,7 +13,7 @@ use crate::http::{BodyCopy, CopyEnd, Framing, HeadError, Inbound, RequestHead, R
 use crate::server::Shared;
 use crate::socket;
 use crate::stats::{Fault, Method};
-use rand::rngs::SmallRng;
+use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
 /// Requests whose path starts with this are answered by the proxy itself.
@@ -77,8 +77,8 @@ pub fn run(shared: &Shared, id: u64, client: TcpStream) {
 }
 
 /// The generator of connection `stream` of a run seeded with `seed`.
-fn stream_of(seed: u64, stream: u64) -> SmallRng {
-    SmallRng::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+fn stream_of(seed: u64, stream: u64) -> Xoshiro256PlusPlus {
+    Xoshiro256PlusPlus::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 struct Session<'a> {
@@ -89,7 +89,7 @@ struct Session<'a> {
     upstream: Option<Inbound>,
     /// This connection's draws (faults, delays, cut points): seeded from the run's seed and
     /// the connection's number, so a connection's draws do not depend on how threads interleave.
-    random: SmallRng,
+    random: Xoshiro256PlusPlus,
 }
 
 impl Session<'_> {

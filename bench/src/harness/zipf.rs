@@ -5,14 +5,15 @@
 use rand::{RngExt, SeedableRng};
 use rand_distr::Distribution;
 
-/// A thread's generator: `rand`'s small, fast, seedable one (not for cryptography). Every
-/// thread seeds its own from the run's seed and its thread number, so runs repeat.
+/// A thread's generator: `rand`'s xoshiro256++ (a named algorithm, so a seed draws the same
+/// keys in every version; not for cryptography). Every thread seeds its own from the run's seed
+/// and its thread number, so runs repeat.
 #[derive(Clone, Debug)]
-pub struct Random(rand::rngs::SmallRng);
+pub struct Random(rand::rngs::Xoshiro256PlusPlus);
 
 impl Random {
     pub fn new(seed: u64) -> Random {
-        Random(rand::rngs::SmallRng::seed_from_u64(seed))
+        Random(rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
