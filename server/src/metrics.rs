@@ -105,6 +105,216 @@ pub fn snapshot() -> ServerCounters {
     COUNTERS.with(|counters| counters.borrow().clone())
 }
 
+/// A shard's engine stats, one sample per shard: (name, type, help, field).
+#[allow(clippy::type_complexity)]
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 27] = [
+    (
+        "hydrant_nvme_admitted_bytes",
+        MetricType::Counter,
+        "Bytes read from origins and admitted to NVMe.",
+        |stats| stats.admission.admitted_bytes,
+    ),
+    (
+        "hydrant_nvme_rejected_cold",
+        MetricType::Counter,
+        "Origin reads not admitted to a full NVMe tier: their key was not seen before.",
+        |stats| stats.admission.rejected_cold,
+    ),
+    (
+        "hydrant_nvme_rejected_budget",
+        MetricType::Counter,
+        "Origin reads not admitted to NVMe: the admission write budget was spent.",
+        |stats| stats.admission.rejected_budget,
+    ),
+    (
+        "hydrant_objects",
+        MetricType::Gauge,
+        "Objects stored.",
+        |stats| stats.objects,
+    ),
+    (
+        "hydrant_dram_hits",
+        MetricType::Counter,
+        "Reads answered by the DRAM tier.",
+        |stats| stats.dram.hits,
+    ),
+    (
+        "hydrant_dram_misses",
+        MetricType::Counter,
+        "Reads of stored objects the DRAM tier did not hold.",
+        |stats| stats.dram.misses,
+    ),
+    (
+        "hydrant_dram_bytes",
+        MetricType::Gauge,
+        "Bytes of objects held by the DRAM tier.",
+        |stats| stats.dram.bytes,
+    ),
+    (
+        "hydrant_dram_capacity_bytes",
+        MetricType::Gauge,
+        "The DRAM tier's capacity.",
+        |stats| stats.dram.capacity_bytes,
+    ),
+    (
+        "hydrant_object_bytes",
+        MetricType::Gauge,
+        "Bytes of object data stored.",
+        |stats| stats.object_bytes,
+    ),
+    (
+        "hydrant_regions",
+        MetricType::Gauge,
+        "Regions of the shard.",
+        |stats| stats.regions,
+    ),
+    (
+        "hydrant_regions_free",
+        MetricType::Gauge,
+        "Regions free for writing.",
+        |stats| stats.regions_free,
+    ),
+    (
+        "hydrant_engine_gets",
+        MetricType::Counter,
+        "Gets on the NVMe tier.",
+        |stats| stats.counters.gets,
+    ),
+    (
+        "hydrant_engine_hits",
+        MetricType::Counter,
+        "Gets that found the object on the NVMe tier.",
+        |stats| stats.counters.hits,
+    ),
+    (
+        "hydrant_engine_misses",
+        MetricType::Counter,
+        "Gets that did not find the object.",
+        |stats| stats.counters.misses,
+    ),
+    (
+        "hydrant_engine_puts",
+        MetricType::Counter,
+        "Puts made durable.",
+        |stats| stats.counters.puts,
+    ),
+    (
+        "hydrant_engine_deletes",
+        MetricType::Counter,
+        "Deletes made durable.",
+        |stats| stats.counters.deletes,
+    ),
+    (
+        "hydrant_device_read_bytes",
+        MetricType::Counter,
+        "Object bytes read from the devices.",
+        |stats| stats.counters.bytes_read,
+    ),
+    (
+        "hydrant_device_written_bytes",
+        MetricType::Counter,
+        "Object bytes written to the devices.",
+        |stats| stats.counters.bytes_written,
+    ),
+    (
+        "hydrant_flushes",
+        MetricType::Counter,
+        "Group-commit flushes.",
+        |stats| stats.flushes,
+    ),
+    (
+        "hydrant_evictions",
+        MetricType::Counter,
+        "Objects evicted by reclaim.",
+        |stats| stats.counters.evictions,
+    ),
+    (
+        "hydrant_reclaims",
+        MetricType::Counter,
+        "Regions reclaimed.",
+        |stats| stats.counters.reclaims,
+    ),
+    (
+        "hydrant_receive_buffers",
+        MetricType::Gauge,
+        "Provided receive buffers of the shard, shared by its connections' multishot receives.",
+        |stats| u64::from(stats.receive.buffers),
+    ),
+    (
+        "hydrant_receive_buffers_lent",
+        MetricType::Gauge,
+        "Provided receive buffers holding bytes their connection has not copied out yet.",
+        |stats| u64::from(stats.receive.buffers_lent),
+    ),
+    (
+        "hydrant_receive_streams",
+        MetricType::Counter,
+        "Multishot receives started.",
+        |stats| stats.receive.streams_started,
+    ),
+    (
+        "hydrant_receive_buffer_shortages",
+        MetricType::Counter,
+        "Multishot receives that found no provided buffer free (a plain receive followed).",
+        |stats| stats.receive.buffer_shortages,
+    ),
+    (
+        "hydrant_receive_streams_cut",
+        MetricType::Counter,
+        "Multishot receives cancelled for holding 8 unread buffers (a stalled reader, or a burst).",
+        |stats| stats.receive.streams_cut,
+    ),
+    (
+        "hydrant_checksum_errors",
+        MetricType::Counter,
+        "Stored bytes that failed their checksum.",
+        |stats| stats.counters.checksum_errors,
+    ),
+];
+
+/// A shard's server counters, one sample per shard: (name, help, field); all counters.
+#[allow(clippy::type_complexity)]
+const SERVER_METRICS: [(&str, &str, fn(&ServerCounters) -> u64); 8] = [
+    (
+        "hydrant_request_errors",
+        "Requests answered with an error status.",
+        |counters| counters.request_errors,
+    ),
+    (
+        "hydrant_received_bytes",
+        "Bytes of requests received.",
+        |counters| counters.bytes_in,
+    ),
+    ("hydrant_sent_bytes", "Bytes of answers sent.", |counters| {
+        counters.bytes_out
+    }),
+    (
+        "hydrant_connections_opened",
+        "Connections accepted.",
+        |counters| counters.connections_opened,
+    ),
+    (
+        "hydrant_connections_closed",
+        "Connections closed.",
+        |counters| counters.connections_closed,
+    ),
+    (
+        "hydrant_requests_forwarded",
+        "Requests for another shard's key, served there (one hop between cores each way).",
+        |counters| counters.requests_forwarded,
+    ),
+    (
+        "hydrant_requests_answered_on_arrival",
+        "GETs answered from the DRAM tier by the connection's reader, without a task.",
+        |counters| counters.answered_on_arrival,
+    ),
+    (
+        "hydrant_connections_timed_out",
+        "Connections closed for sending no HELLO in time or staying idle past the idle timeout.",
+        |counters| counters.connections_timed_out,
+    ),
+];
+
 /// What one scrape shows: every shard's engine stats and server counters, the engine-wide
 /// origin side, and the first refused writes by name. Encoded by `prometheus-client` in the
 /// Prometheus text format (0.0.4); the counting itself stays per shard thread (plain integers,
@@ -159,239 +369,13 @@ fn single(
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let shards = &self.shards[..];
-        type Field = fn(&ShardStats) -> u64;
-        let engine_metrics: [(&str, MetricType, &str, Field); 27] = [
-        (
-            "hydrant_nvme_admitted_bytes",
-            MetricType::Counter,
-            "Bytes read from origins and admitted to NVMe.",
-            |stats| stats.admission.admitted_bytes,
-        ),
-        (
-            "hydrant_nvme_rejected_cold",
-            MetricType::Counter,
-            "Origin reads not admitted to a full NVMe tier: their key was not seen before.",
-            |stats| stats.admission.rejected_cold,
-        ),
-        (
-            "hydrant_nvme_rejected_budget",
-            MetricType::Counter,
-            "Origin reads not admitted to NVMe: the admission write budget was spent.",
-            |stats| stats.admission.rejected_budget,
-        ),
-        ("hydrant_objects", MetricType::Gauge, "Objects stored.", |stats| {
-            stats.objects
-        }),
-        (
-            "hydrant_dram_hits",
-            MetricType::Counter,
-            "Reads answered by the DRAM tier.",
-            |stats| stats.dram.hits,
-        ),
-        (
-            "hydrant_dram_misses",
-            MetricType::Counter,
-            "Reads of stored objects the DRAM tier did not hold.",
-            |stats| stats.dram.misses,
-        ),
-        (
-            "hydrant_dram_bytes",
-            MetricType::Gauge,
-            "Bytes of objects held by the DRAM tier.",
-            |stats| stats.dram.bytes,
-        ),
-        (
-            "hydrant_dram_capacity_bytes",
-            MetricType::Gauge,
-            "The DRAM tier's capacity.",
-            |stats| stats.dram.capacity_bytes,
-        ),
-        (
-            "hydrant_object_bytes",
-            MetricType::Gauge,
-            "Bytes of object data stored.",
-            |stats| stats.object_bytes,
-        ),
-        (
-            "hydrant_regions",
-            MetricType::Gauge,
-            "Regions of the shard.",
-            |stats| stats.regions,
-        ),
-        (
-            "hydrant_regions_free",
-            MetricType::Gauge,
-            "Regions free for writing.",
-            |stats| stats.regions_free,
-        ),
-        (
-            "hydrant_engine_gets",
-            MetricType::Counter,
-            "Gets on the NVMe tier.",
-            |stats| stats.counters.gets,
-        ),
-        (
-            "hydrant_engine_hits",
-            MetricType::Counter,
-            "Gets that found the object on the NVMe tier.",
-            |stats| stats.counters.hits,
-        ),
-        (
-            "hydrant_engine_misses",
-            MetricType::Counter,
-            "Gets that did not find the object.",
-            |stats| stats.counters.misses,
-        ),
-        (
-            "hydrant_engine_puts",
-            MetricType::Counter,
-            "Puts made durable.",
-            |stats| stats.counters.puts,
-        ),
-        (
-            "hydrant_engine_deletes",
-            MetricType::Counter,
-            "Deletes made durable.",
-            |stats| stats.counters.deletes,
-        ),
-        (
-            "hydrant_device_read_bytes",
-            MetricType::Counter,
-            "Object bytes read from the devices.",
-            |stats| stats.counters.bytes_read,
-        ),
-        (
-            "hydrant_device_written_bytes",
-            MetricType::Counter,
-            "Object bytes written to the devices.",
-            |stats| stats.counters.bytes_written,
-        ),
-        (
-            "hydrant_flushes",
-            MetricType::Counter,
-            "Group-commit flushes.",
-            |stats| stats.flushes,
-        ),
-        (
-            "hydrant_evictions",
-            MetricType::Counter,
-            "Objects evicted by reclaim.",
-            |stats| stats.counters.evictions,
-        ),
-        (
-            "hydrant_reclaims",
-            MetricType::Counter,
-            "Regions reclaimed.",
-            |stats| stats.counters.reclaims,
-        ),
-        (
-            "hydrant_receive_buffers",
-            MetricType::Gauge,
-            "Provided receive buffers of the shard, shared by its connections' multishot receives.",
-            |stats| u64::from(stats.receive.buffers),
-        ),
-        (
-            "hydrant_receive_buffers_lent",
-            MetricType::Gauge,
-            "Provided receive buffers holding bytes their connection has not copied out yet.",
-            |stats| u64::from(stats.receive.buffers_lent),
-        ),
-        (
-            "hydrant_receive_streams",
-            MetricType::Counter,
-            "Multishot receives started.",
-            |stats| stats.receive.streams_started,
-        ),
-        (
-            "hydrant_receive_buffer_shortages",
-            MetricType::Counter,
-            "Multishot receives that found no provided buffer free (a plain receive followed).",
-            |stats| stats.receive.buffer_shortages,
-        ),
-        (
-            "hydrant_receive_streams_cut",
-            MetricType::Counter,
-            "Multishot receives cancelled for holding 8 unread buffers (a stalled reader, or a burst).",
-            |stats| stats.receive.streams_cut,
-        ),
-        (
-            "hydrant_checksum_errors",
-            MetricType::Counter,
-            "Stored bytes that failed their checksum.",
-            |stats| stats.counters.checksum_errors,
-        ),
-    ];
-        for (name, kind, help, field) in engine_metrics {
+        for (name, kind, help, field) in ENGINE_METRICS {
             per_shard(&mut encoder, (name, kind, help), shards, |stats, _| {
                 field(stats)
             })?;
         }
-        {
-            let mut metric = encoder.encode_descriptor(
-                "hydrant_requests",
-                "Requests answered, per operation.",
-                None,
-                MetricType::Counter,
-            )?;
-            for (stats, counters) in shards {
-                for opcode in Opcode::ALL {
-                    let labels = [
-                        ("shard", stats.shard.to_string()),
-                        ("operation", format!("{opcode:?}")),
-                    ];
-                    metric
-                        .encode_family(&labels)?
-                        .encode_counter::<NoLabelSet, u64, u64>(
-                            &counters.requests[opcode as usize],
-                            None,
-                        )?;
-                }
-            }
-        }
-        type CounterField = fn(&ServerCounters) -> u64;
-        let server_metrics: [(&str, &str, CounterField); 8] = [
-        (
-            "hydrant_request_errors",
-            "Requests answered with an error status.",
-            |counters| counters.request_errors,
-        ),
-        (
-            "hydrant_received_bytes",
-            "Bytes of requests received.",
-            |counters| counters.bytes_in,
-        ),
-        (
-            "hydrant_sent_bytes",
-            "Bytes of answers sent.",
-            |counters| counters.bytes_out,
-        ),
-        (
-            "hydrant_connections_opened",
-            "Connections accepted.",
-            |counters| counters.connections_opened,
-        ),
-        (
-            "hydrant_connections_closed",
-            "Connections closed.",
-            |counters| counters.connections_closed,
-        ),
-        (
-            "hydrant_requests_forwarded",
-            "Requests for another shard's key, served there (one hop between cores each way).",
-            |counters| counters.requests_forwarded,
-        ),
-        (
-            "hydrant_requests_answered_on_arrival",
-            "GETs answered from the DRAM tier by the connection's reader, without a task.",
-            |counters| counters.answered_on_arrival,
-        ),
-        (
-            "hydrant_connections_timed_out",
-            "Connections closed for sending no HELLO in time or staying idle past the idle timeout.",
-            |counters| counters.connections_timed_out,
-        ),
-    ];
-        for (name, help, field) in server_metrics {
+        encode_requests(&mut encoder, shards)?;
+        for (name, help, field) in SERVER_METRICS {
             per_shard(
                 &mut encoder,
                 (name, MetricType::Counter, help),
@@ -399,110 +383,169 @@ impl Collector for Scrape {
                 |_, counters| field(counters),
             )?;
         }
-        for (name, help, field) in [
-            (
-                "hydrant_copied_bytes",
-                "Object bytes copied by the CPU on the way to clients (kernel socket copies not counted).",
-                (|counters: &ServerCounters, path: usize| counters.copied_bytes[path])
-                    as fn(&ServerCounters, usize) -> u64,
-            ),
-            (
-                "hydrant_delivered_bytes",
-                "Object bytes delivered to clients.",
-                |counters: &ServerCounters, path: usize| counters.delivered_bytes[path],
-            ),
-        ] {
-            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (path, path_name) in PATH_NAMES.iter().enumerate() {
-                let total: u64 = shards
-                    .iter()
-                    .map(|(_, counters)| field(counters, path))
-                    .sum();
-                metric
-                    .encode_family(&[("path", *path_name)])?
-                    .encode_counter::<NoLabelSet, u64, u64>(&total, None)?;
-            }
-        }
-        for (name, help, value) in [
-            (
-                "hydrant_local_regions",
-                "Same-host shared regions mapped now.",
-                &LOCAL_REGIONS,
-            ),
-            (
-                "hydrant_local_region_bytes",
-                "Bytes of the same-host shared regions mapped now.",
-                &LOCAL_REGION_BYTES,
-            ),
-            (
-                "hydrant_local_regions_registered",
-                "Same-host regions registered with every shard's ring (read with READ_FIXED).",
-                &LOCAL_REGIONS_REGISTERED,
-            ),
-            (
-                "hydrant_local_connections",
-                "Same-host connections open now.",
-                &LOCAL_CONNECTIONS,
-            ),
-        ] {
-            single(
-                &mut encoder,
-                (name, MetricType::Gauge, help),
-                value.load(Ordering::Relaxed),
-            )?;
-        }
-        {
-            let mut metric = encoder.encode_descriptor(
-                "hydrant_request_duration_seconds",
-                "Time from a request's arrival to its answer being queued.",
-                None,
-                MetricType::Histogram,
-            )?;
-            for opcode in [Opcode::Get, Opcode::Put, Opcode::Head, Opcode::Delete] {
-                let index = opcode as usize;
-                let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_US
-                    .iter()
-                    .map(|&micros| micros as f64 / 1e6)
-                    .chain([f64::INFINITY])
-                    .enumerate()
-                    .map(|(bucket, bound)| {
-                        let count = shards
-                            .iter()
-                            .map(|(_, counters)| counters.latency_buckets[index][bucket])
-                            .sum();
-                        (bound, count)
-                    })
-                    .collect();
-                let count = buckets.iter().map(|(_, count)| count).sum();
-                let sum_us: u64 = shards
-                    .iter()
-                    .map(|(_, counters)| counters.latency_sum_us[index])
-                    .sum();
-                metric
-                    .encode_family(&[("operation", format!("{opcode:?}"))])?
-                    .encode_histogram::<NoLabelSet>(sum_us as f64 / 1e6, count, &buckets, None)?;
-            }
-        }
+        encode_paths(&mut encoder, shards)?;
+        encode_local(&mut encoder)?;
+        encode_latency(&mut encoder, shards)?;
         if let Some(origin) = &self.origin {
             encode_origin(&mut encoder, origin)?;
         }
-        if !self.refused.is_empty() {
-            let help = format!(
-                "A write the origin refused for good, kept on NVMe (the first {REFUSED_NAMED_MAX})."
-            );
-            let mut metric = encoder.encode_descriptor(
-                "hydrant_upload_refused_bytes",
-                &help,
-                None,
-                MetricType::Gauge,
-            )?;
-            for failed in &self.refused {
-                let labels = [("bucket", &failed.bucket), ("key", &failed.key)];
-                metric.encode_family(&labels)?.encode_gauge(&failed.bytes)?;
-            }
-        }
-        Ok(())
+        encode_refused(&mut encoder, &self.refused)
     }
+}
+
+/// Requests answered, per shard and operation.
+fn encode_requests(
+    encoder: &mut DescriptorEncoder,
+    shards: &[(ShardStats, ServerCounters)],
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "hydrant_requests",
+        "Requests answered, per operation.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (stats, counters) in shards {
+        for opcode in Opcode::ALL {
+            let labels = [
+                ("shard", stats.shard.to_string()),
+                ("operation", format!("{opcode:?}")),
+            ];
+            metric
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, u64, u64>(
+                    &counters.requests[opcode as usize],
+                    None,
+                )?;
+        }
+    }
+    Ok(())
+}
+
+/// Object bytes copied and delivered, per path, summed over the shards.
+fn encode_paths(
+    encoder: &mut DescriptorEncoder,
+    shards: &[(ShardStats, ServerCounters)],
+) -> fmt::Result {
+    for (name, help, field) in [
+        (
+            "hydrant_copied_bytes",
+            "Object bytes copied by the CPU on the way to clients (kernel socket copies not counted).",
+            (|counters: &ServerCounters, path: usize| counters.copied_bytes[path])
+                as fn(&ServerCounters, usize) -> u64,
+        ),
+        (
+            "hydrant_delivered_bytes",
+            "Object bytes delivered to clients.",
+            |counters: &ServerCounters, path: usize| counters.delivered_bytes[path],
+        ),
+    ] {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (path, path_name) in PATH_NAMES.iter().enumerate() {
+            let total: u64 = shards
+                .iter()
+                .map(|(_, counters)| field(counters, path))
+                .sum();
+            metric
+                .encode_family(&[("path", *path_name)])?
+                .encode_counter::<NoLabelSet, u64, u64>(&total, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// The same-host path's process-wide gauges.
+fn encode_local(encoder: &mut DescriptorEncoder) -> fmt::Result {
+    for (name, help, value) in [
+        (
+            "hydrant_local_regions",
+            "Same-host shared regions mapped now.",
+            &LOCAL_REGIONS,
+        ),
+        (
+            "hydrant_local_region_bytes",
+            "Bytes of the same-host shared regions mapped now.",
+            &LOCAL_REGION_BYTES,
+        ),
+        (
+            "hydrant_local_regions_registered",
+            "Same-host regions registered with every shard's ring (read with READ_FIXED).",
+            &LOCAL_REGIONS_REGISTERED,
+        ),
+        (
+            "hydrant_local_connections",
+            "Same-host connections open now.",
+            &LOCAL_CONNECTIONS,
+        ),
+    ] {
+        single(
+            encoder,
+            (name, MetricType::Gauge, help),
+            value.load(Ordering::Relaxed),
+        )?;
+    }
+    Ok(())
+}
+
+/// Request latency per operation, one histogram summed over the shards.
+fn encode_latency(
+    encoder: &mut DescriptorEncoder,
+    shards: &[(ShardStats, ServerCounters)],
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "hydrant_request_duration_seconds",
+        "Time from a request's arrival to its answer being queued.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for opcode in [Opcode::Get, Opcode::Put, Opcode::Head, Opcode::Delete] {
+        let index = opcode as usize;
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_US
+            .iter()
+            .map(|&micros| micros as f64 / 1e6)
+            .chain([f64::INFINITY])
+            .enumerate()
+            .map(|(bucket, bound)| {
+                let count = shards
+                    .iter()
+                    .map(|(_, counters)| counters.latency_buckets[index][bucket])
+                    .sum();
+                (bound, count)
+            })
+            .collect();
+        let count = buckets.iter().map(|(_, count)| count).sum();
+        let sum_us: u64 = shards
+            .iter()
+            .map(|(_, counters)| counters.latency_sum_us[index])
+            .sum();
+        metric
+            .encode_family(&[("operation", format!("{opcode:?}"))])?
+            .encode_histogram::<NoLabelSet>(sum_us as f64 / 1e6, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+/// One gauge per refused write, named by labels (at most `REFUSED_NAMED_MAX`).
+fn encode_refused(
+    encoder: &mut DescriptorEncoder,
+    refused: &[hydrant_engine::FailedUpload],
+) -> fmt::Result {
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let help = format!(
+        "A write the origin refused for good, kept on NVMe (the first {REFUSED_NAMED_MAX})."
+    );
+    let mut metric = encoder.encode_descriptor(
+        "hydrant_upload_refused_bytes",
+        &help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for failed in refused {
+        let labels = [("bucket", &failed.bucket), ("key", &failed.key)];
+        metric.encode_family(&labels)?.encode_gauge(&failed.bytes)?;
+    }
+    Ok(())
 }
 
 /// The Prometheus text format of a scrape.
