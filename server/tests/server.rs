@@ -29,24 +29,11 @@ impl ServerProcess {
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&directory);
         std::fs::create_dir_all(&directory).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
-            .args(["--listen", "127.0.0.1:0", "--shards", "2"])
-            .arg("--data")
-            .arg(format!("{}:512MiB", directory.join("data.hyd").display()))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start hydrant-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .split_whitespace()
-            .nth(3)
-            .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
-            .to_string();
+        let data = format!("{}:512MiB", directory.join("data.hyd").display());
+        let mut arguments = vec!["--listen", "127.0.0.1:0", "--shards", "2", "--data", &data];
+        arguments.extend_from_slice(extra);
+        let (child, line) = spawn_server(&arguments);
+        let address = listening_address(&line);
         let metrics_address = line
             .split("metrics on http://")
             .nth(1)
@@ -66,6 +53,29 @@ impl ServerProcess {
             .unwrap();
         stream
     }
+}
+
+/// `hydrant-server` with `arguments`, and the first line it prints (where it listens).
+fn spawn_server<S: AsRef<std::ffi::OsStr>>(arguments: &[S]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        .args(arguments)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start hydrant-server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
+/// The address in the server's first line: "hydrant-server listening on ADDRESS ...".
+fn listening_address(line: &str) -> String {
+    line.split_whitespace()
+        .nth(3)
+        .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
+        .to_string()
 }
 
 impl Drop for ServerProcess {
@@ -552,19 +562,14 @@ fn sigterm_stops_the_server_with_status_zero_and_data_survives() {
     assert!(exit.success(), "{exit:?}");
 
     let data = server.directory.join("data.hyd");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--data")
-        .arg(&data)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (child, line) = spawn_server(&[
+        std::ffi::OsStr::new("--listen"),
+        "127.0.0.1:0".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+    ]);
     server.child = child;
-    server.address = line.split_whitespace().nth(3).unwrap().to_string();
+    server.address = listening_address(&line);
     let mut stream = server.connect();
     hello(&mut stream);
     let get = GetRequest {
@@ -886,15 +891,7 @@ fn a_config_file_sets_what_flags_do_not() {
     )
     .unwrap();
     // The flag wins over the file's shard count.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
-        .args(["--config", config.to_str().unwrap(), "--shards", "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, line) = spawn_server(&["--config", config.to_str().unwrap(), "--shards", "2"]);
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.contains("with 2 shards"), "{line}");
@@ -1460,23 +1457,18 @@ fn without_a_token_only_clients_on_this_host_are_served() {
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("remote-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
-        .args(["--listen", "0.0.0.0:0", "--shards", "1", "--no-shard-ports"])
-        .arg("--data")
-        .arg(format!("{}:256MiB", directory.join("data.hyd").display()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .split_whitespace()
-        .nth(3)
-        .and_then(|address| address.rsplit(':').next())
-        .and_then(|port| port.parse::<u16>().ok())
-        .unwrap_or_else(|| panic!("the server prints where it listens: {line:?}"));
+    let data = format!("{}:256MiB", directory.join("data.hyd").display());
+    let (mut child, line) = spawn_server(&[
+        "--listen",
+        "0.0.0.0:0",
+        "--shards",
+        "1",
+        "--no-shard-ports",
+        "--data",
+        &data,
+    ]);
+    let address = listening_address(&line);
+    let port = address.rsplit(':').next().unwrap();
     let stats_from = |host: String| {
         let config = hydrant_client::ClientConfig::new(&[format!("{host}:{port}")])
             .connect_timeout(Duration::from_secs(10))
