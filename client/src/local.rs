@@ -76,7 +76,6 @@ pub struct Region {
     _memfd: OwnedFd,
     /// The client's shared mapping of the whole memfd.
     mapping: MmapMut,
-    bytes: u64,
     id: u32,
     connection: u64,
     huge_pages: bool,
@@ -85,11 +84,11 @@ pub struct Region {
 
 impl Region {
     pub fn len(&self) -> usize {
-        self.bytes as usize
+        self.mapping.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.mapping.is_empty()
     }
 
     /// Whether the server backed it with huge pages.
@@ -134,7 +133,7 @@ impl Region {
         runtime: Arc<CudaRuntime>,
     ) -> std::result::Result<(), CudaError> {
         // SAFETY: the mapping stays until Drop, which unregisters first.
-        unsafe { runtime.register(self.mapping.as_mut_ptr(), self.bytes as usize)? };
+        unsafe { runtime.register(self.mapping.as_mut_ptr(), self.mapping.len())? };
         self.cuda = Some(runtime);
         Ok(())
     }
@@ -189,7 +188,6 @@ impl LocalClient {
         Ok(Region {
             _memfd: memfd,
             mapping,
-            bytes: info.bytes,
             id: info.region,
             connection: self.connection,
             huge_pages: info.flags & LOCAL_REGION_FLAG_HUGE_PAGES != 0,
@@ -208,7 +206,7 @@ impl LocalClient {
     ) -> Result<ReadInfo> {
         let item = LocalGet {
             offset,
-            length: region.bytes.saturating_sub(offset),
+            length: (region.len() as u64).saturating_sub(offset),
             bucket: bucket.to_string(),
             key: key.to_string(),
             range,
@@ -453,7 +451,7 @@ impl ReadRing {
         let slot = &mut self.slots[index];
         let job = LocalGet {
             offset: 0,
-            length: slot.region.bytes,
+            length: slot.region.len() as u64,
             bucket: bucket.to_string(),
             key: key.to_string(),
             range,
