@@ -9,6 +9,7 @@
 mod connection;
 mod local;
 pub mod metrics;
+pub mod s3;
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +42,8 @@ pub struct ServerConfig {
     /// Listen on a port of its own for each shard, told to clients in HELLO (the shard-aware
     /// path).
     pub shard_ports: bool,
+    /// Serve the S3 REST API too (`None`: not).
+    pub s3: Option<s3::S3Config>,
 }
 
 /// How long a greeted connection may stay silent by default.
@@ -61,6 +64,7 @@ impl ServerConfig {
             local_socket: None,
             idle_timeout: Some(IDLE_TIMEOUT_DEFAULT),
             shard_ports: true,
+            s3: None,
         }
     }
 }
@@ -72,6 +76,7 @@ pub struct Server {
     listeners: Vec<OwnedFd>,
     metrics: Option<MetricsEndpoint>,
     local: Option<local::LocalEndpoint>,
+    s3: Option<s3::S3Endpoint>,
 }
 
 /// A small HTTP endpoint on its own thread: it answers every request with the metrics text.
@@ -214,12 +219,24 @@ impl Server {
             Some(path) => Some(local::start(path, engine.handle())?),
             None => None,
         };
+        let s3 = match &config.s3 {
+            Some(s3_config) => match s3::S3Endpoint::start(s3_config.clone(), engine.handle()) {
+                Ok(endpoint) => Some(endpoint),
+                Err(error) if !s3_config.required => {
+                    log::warn!("{error}; serving without the S3 endpoint");
+                    None
+                }
+                Err(error) => return Err(error),
+            },
+            None => None,
+        };
         Ok(Server {
             engine,
             address,
             listeners,
             metrics,
             local,
+            s3,
         })
     }
 
@@ -230,6 +247,11 @@ impl Server {
     /// Where metrics are served, if they are.
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(|metrics| metrics.address)
+    }
+
+    /// Where the S3 endpoint listens, if it does.
+    pub fn s3_address(&self) -> Option<SocketAddr> {
+        self.s3.as_ref().map(|s3| s3.address())
     }
 
     /// The same-host socket, if there is one.
@@ -248,8 +270,12 @@ impl Server {
             listeners,
             metrics,
             local,
+            s3,
             ..
         } = self;
+        if let Some(mut s3) = s3 {
+            s3.stop();
+        }
         if let Some(local) = local {
             local.stop();
         }

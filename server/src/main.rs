@@ -56,6 +56,14 @@ struct Arguments {
     /// cores).
     #[arg(long)]
     no_shard_ports: bool,
+    /// Serve the S3 REST API on this address (`off`: not at all). Default 127.0.0.1:7780.
+    #[arg(long, env = "HYDRANT_S3_LISTEN")]
+    s3_listen: Option<String>,
+    /// S3 keys (TOML: [[key]] with access_key_id, secret_access_key, read and write bucket
+    /// lists): S3 requests must then be signed with one of them. Without it, S3 requests are
+    /// anonymous and served from loopback only.
+    #[arg(long, env = "HYDRANT_S3_CREDENTIALS")]
+    s3_credentials: Option<PathBuf>,
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
     #[arg(long, env = "HYDRANT_METRICS")]
     metrics: Option<SocketAddr>,
@@ -177,7 +185,9 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         admission_bytes_per_second,
         local_socket,
         idle_timeout,
-        receive_buffers
+        receive_buffers,
+        s3_listen,
+        s3_credentials
     );
     if arguments.data.is_empty() {
         arguments.data = file.data;
@@ -361,6 +371,25 @@ impl Settings {
                 (!duration.is_zero()).then_some(duration)
             }
         };
+        let s3 = match arguments.s3_listen.as_deref() {
+            Some("off") => None,
+            asked => {
+                let listen = asked
+                    .unwrap_or(hydrant_server::s3::S3_LISTEN_DEFAULT)
+                    .parse()
+                    .map_err(|error| format!("--s3-listen: {error}"))?;
+                let credentials = arguments
+                    .s3_credentials
+                    .as_deref()
+                    .map(hydrant_server::s3::Credentials::load)
+                    .transpose()?;
+                Some(hydrant_server::s3::S3Config {
+                    listen,
+                    credentials,
+                    required: asked.is_some(),
+                })
+            }
+        };
         let server = ServerConfig {
             listen: arguments.listen.expect("merged"),
             engine,
@@ -371,6 +400,7 @@ impl Settings {
             local_socket: arguments.local_socket.clone(),
             idle_timeout,
             shard_ports: !arguments.no_shard_ports,
+            s3,
         };
         Ok(Settings { server, devices })
     }
@@ -466,12 +496,16 @@ fn main() -> ExitCode {
         .local_socket()
         .map(|path| format!("; local socket {}", path.display()))
         .unwrap_or_default();
+    let s3 = server
+        .s3_address()
+        .map(|address| format!("; S3 on http://{address}"))
+        .unwrap_or_default();
     let metrics = server
         .metrics_address()
         .map(|address| format!("; metrics on http://{address}/metrics"))
         .unwrap_or_default();
     println!(
-        "hydrant-server listening on {} with {} shards; {summary}{local}{metrics}",
+        "hydrant-server listening on {} with {} shards; {summary}{s3}{local}{metrics}",
         server.address(),
         server.shard_count(),
     );

@@ -301,26 +301,36 @@ impl EngineHandle {
     /// writers slow down instead of the node running out of memory. The room goes back when
     /// the chunk (an empty vector of that capacity, to be filled) is dropped.
     pub async fn streamed_chunk(&self, bytes: usize) -> StreamedChunk {
+        loop {
+            if let Some(chunk) = self.try_streamed_chunk(bytes) {
+                return chunk;
+            }
+            crate::rt::time::sleep(STREAMED_POLL_INTERVAL).await;
+        }
+    }
+
+    /// `streamed_chunk` without waiting: `None` while the node's bound is reached (for callers
+    /// off the shards, which wait on timers of their own).
+    pub fn try_streamed_chunk(&self, bytes: usize) -> Option<StreamedChunk> {
         use std::sync::atomic::Ordering;
         let bytes = bytes as u64;
         loop {
             let held = self.streamed_bytes.load(Ordering::Acquire);
             // One chunk always fits, so that a bound smaller than a chunk cannot stall.
-            if held == 0 || held + bytes <= self.streamed_bytes_max {
-                if self
-                    .streamed_bytes
-                    .compare_exchange(held, held + bytes, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    return StreamedChunk {
-                        data: Vec::with_capacity(bytes as usize),
-                        held: self.streamed_bytes.clone(),
-                        bytes,
-                    };
-                }
-                continue;
+            if held != 0 && held + bytes > self.streamed_bytes_max {
+                return None;
             }
-            crate::rt::time::sleep(STREAMED_POLL_INTERVAL).await;
+            if self
+                .streamed_bytes
+                .compare_exchange(held, held + bytes, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Some(StreamedChunk {
+                    data: Vec::with_capacity(bytes as usize),
+                    held: self.streamed_bytes.clone(),
+                    bytes,
+                });
+            }
         }
     }
 
@@ -509,6 +519,34 @@ impl EngineHandle {
                 (meta, read.data)
             }))
         }))
+    }
+
+    /// Like `get`, with the tag of the origin version that data read through belongs to (0
+    /// for data on NVMe): a reader of one object in parts compares (seq, tag) between parts so
+    /// as never to join two versions.
+    pub fn get_versioned(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<(ObjectData, u64)>>> + Send + 'static {
+        let call = ObjectKey::new(bucket, key).map(|key| {
+            let shard = self.shard_of(&key);
+            self.on_shard(shard, move |cache| async move {
+                let read: Option<CacheRead> = cache.get(&key, range).await?;
+                Ok(read.map(|read| {
+                    let meta = ObjectMeta {
+                        bucket: key.bucket().to_string(),
+                        key: key.key().to_string(),
+                        bytes: read.bytes,
+                        seq: read.seq,
+                        dirty: read.dirty,
+                    };
+                    ((meta, read.data), read.origin_version)
+                }))
+            })
+        });
+        async move { call?.await }
     }
 
     pub fn head(
@@ -769,6 +807,25 @@ impl EngineHandle {
             }
             Ok((objects, bytes))
         }
+    }
+
+    /// The buckets that have an origin (see `Origins::bucket_names`); none without origins.
+    pub fn buckets(&self) -> impl Future<Output = Result<Vec<String>>> + Send + 'static {
+        let listing = self.origins.as_ref().map(|origins| origins.bucket_names());
+        async move {
+            match listing {
+                Some(listing) => listing.await,
+                None => Ok(Vec::new()),
+            }
+        }
+    }
+
+    /// Whether `bucket` has an origin to live at (a bucket of its own, or any valid name when
+    /// there is a default origin).
+    pub fn bucket_routed(&self, bucket: &str) -> bool {
+        self.origins
+            .as_ref()
+            .is_some_and(|origins| matches!(origins.route(bucket), Ok(Some(_))))
     }
 
     /// Origin traffic and the dirty budget, when the engine has origins.

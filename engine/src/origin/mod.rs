@@ -458,6 +458,43 @@ impl Origins {
     }
 
     /// Run `task` on the origin pool; the returned future may be awaited on a shard.
+    /// The buckets this node can name: those configured with an origin of their own, and the
+    /// top-level folders (prefixes) of the default origin that are valid bucket names, sorted.
+    pub(crate) fn bucket_names(
+        self: &Arc<Self>,
+    ) -> impl Future<Output = Result<Vec<String>>> + 'static {
+        let mut names: Vec<String> = self.configured.keys().cloned().collect();
+        let default = self
+            .default
+            .as_ref()
+            .map(|default| (default.store.clone(), default.prefix.clone()));
+        let task = async move {
+            if let Some((store, prefix)) = default {
+                let listing =
+                    store
+                        .list_with_delimiter(prefix.as_ref())
+                        .await
+                        .map_err(|error| {
+                            Error::new(
+                                ErrorKind::OriginUnavailable,
+                                format!("cannot list the default origin's buckets: {error}"),
+                            )
+                        })?;
+                for folder in listing.common_prefixes {
+                    if let Some(name) = folder.filename() {
+                        if hydrant_proto::name::check_bucket(name).is_ok() {
+                            names.push(name.to_string());
+                        }
+                    }
+                }
+            }
+            names.sort();
+            names.dedup();
+            Ok(names)
+        };
+        self.run(task)
+    }
+
     pub(crate) fn run<T, F>(&self, task: F) -> impl Future<Output = Result<T>> + 'static
     where
         T: Send + 'static,

@@ -38,6 +38,8 @@ impl Drop for Scratch {
 pub struct ServerProcess {
     pub child: Child,
     pub address: String,
+    /// Where its S3 endpoint listens, when it has one.
+    pub s3_address: Option<String>,
 }
 
 impl ServerProcess {
@@ -68,6 +70,9 @@ impl ServerProcess {
         for (name, value) in env {
             command.env(name, value);
         }
+        if !extra.contains(&"--s3-listen") {
+            command.args(["--s3-listen", "off"]);
+        }
         let mut child = command.spawn().expect("start hydrant-server");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
@@ -78,7 +83,16 @@ impl ServerProcess {
             .nth(3)
             .unwrap_or_else(|| panic!("the server prints where it listens, got {line:?}"))
             .to_string();
-        ServerProcess { child, address }
+        let s3_address = line
+            .split("S3 on http://")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .map(|address| address.trim().to_string());
+        ServerProcess {
+            child,
+            address,
+            s3_address,
+        }
     }
 
     pub fn connect(&self) -> TcpStream {

@@ -1,0 +1,249 @@
+//! The S3 REST API, on a listener of its own: a door to the same store as the native protocol
+//! (one namespace, one policy, one write-back queue), so that boto3, the AWS CLI and every
+//! loader built on an S3 SDK work by changing an endpoint.
+//!
+//! It runs on a small tokio runtime of its own (`S3_THREADS_MAX` threads), not on the shards:
+//! HTTP parsing, SigV4, XML and the S3 types come from hyper and s3s, which need tokio, while
+//! the shards run hydrant's io_uring executor. Every call reaches the shard that owns its key
+//! through the engine's bounded inboxes (`EngineHandle`), as the native listener's forwarded
+//! requests do; bodies move a chunk at a time, so no request holds a whole large object.
+//!
+//! - `auth`: keys from `--s3-credentials` and what each may read or write; without keys,
+//!   anonymous requests from loopback only.
+//! - `objects`: GET, HEAD, PUT, DELETE, COPY of objects.
+//! - `buckets`: the bucket operations and the listings.
+//! - `errors`: the engine's errors as S3's error codes.
+
+mod auth;
+mod buckets;
+mod errors;
+mod objects;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hydrant_engine::EngineHandle;
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+pub use auth::Credentials;
+
+/// Where the S3 endpoint listens by default.
+pub const S3_LISTEN_DEFAULT: &str = "127.0.0.1:7780";
+/// Threads of the gateway's runtime at most (one per core up to this).
+const S3_THREADS_MAX: usize = 4;
+/// Connections served at once; one more is closed as soon as it is accepted.
+pub const S3_CONNECTIONS_MAX: usize = 4096;
+/// Bytes of a request's line and headers at most (hyper answers 431 beyond).
+const S3_HEADER_BYTES_MAX: usize = 64 << 10;
+/// How long a connection may take to send a request's headers (and may stay idle between
+/// requests) before it is closed.
+const S3_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of an XML request body (DeleteObjects, CompleteMultipartUpload) at most.
+const S3_XML_BYTES_MAX: usize = 4 << 20;
+
+/// What the S3 endpoint runs with.
+#[derive(Clone, Debug)]
+pub struct S3Config {
+    pub listen: SocketAddr,
+    /// Keys and their buckets; `None`: anonymous requests, from loopback only.
+    pub credentials: Option<Credentials>,
+    /// Whether the server fails to start when `listen` is taken (else it says so and serves
+    /// without S3): true when the address was asked for, false for the default.
+    pub required: bool,
+}
+
+/// Requests per S3 operation since the start (for the metrics endpoint).
+#[derive(Default)]
+pub struct S3Counters {
+    operations: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    pub refused_connections: AtomicU64,
+    pub connections: AtomicU64,
+}
+
+impl S3Counters {
+    fn count(&self, operation: &'static str) {
+        let mut operations = self.operations.lock().expect("counters lock");
+        *operations.entry(operation).or_insert(0) += 1;
+    }
+
+    /// (operation, requests) for every operation seen, by name.
+    pub fn operations(&self) -> Vec<(&'static str, u64)> {
+        let operations = self.operations.lock().expect("counters lock");
+        operations
+            .iter()
+            .map(|(name, count)| (*name, *count))
+            .collect()
+    }
+}
+
+/// A running S3 endpoint.
+pub struct S3Endpoint {
+    address: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub counters: Arc<S3Counters>,
+}
+
+impl S3Endpoint {
+    pub fn start(config: S3Config, engine: EngineHandle) -> Result<S3Endpoint, String> {
+        let listener = std::net::TcpListener::bind(config.listen)
+            .map_err(|error| format!("cannot listen for S3 on {}: {error}", config.listen))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|error| error.to_string())?;
+        let address = listener.local_addr().map_err(|error| error.to_string())?;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |count| count.get())
+            .min(S3_THREADS_MAX);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("hydrant-s3")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|error| format!("cannot start the S3 endpoint's threads: {error}"))?;
+        let counters = Arc::new(S3Counters::default());
+        let service = build_service(&config, engine, counters.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let loop_counters = counters.clone();
+        let open = config.credentials.is_none();
+        let thread = std::thread::Builder::new()
+            .name("hydrant-s3-accept".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            accept(listener, service, loop_counters, stopped, open).await
+                        }
+                        Err(error) => log::error!("the S3 endpoint cannot listen: {error}"),
+                    }
+                });
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })
+            .map_err(|error| error.to_string())?;
+        Ok(S3Endpoint {
+            address,
+            stop: Some(stop),
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stop accepting, and stop the connections (requests in flight are cut off; every
+    /// acknowledged write is already durable).
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the S3 endpoint's thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for S3Endpoint {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn build_service(
+    config: &S3Config,
+    engine: EngineHandle,
+    counters: Arc<S3Counters>,
+) -> s3s::service::S3Service {
+    let gateway = objects::Gateway::new(engine, config.credentials.clone());
+    let mut builder = s3s::service::S3ServiceBuilder::new(gateway);
+    let mut s3_config = s3s::config::S3Config::default();
+    s3_config.xml_max_body_size = S3_XML_BYTES_MAX;
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        s3_config,
+    ))));
+    if let Some(credentials) = &config.credentials {
+        builder.set_auth(credentials.clone());
+    }
+    builder.set_access(auth::Access {
+        credentials: config.credentials.clone(),
+        counters,
+    });
+    builder.build()
+}
+
+/// Accept connections until `stopped`, each served on a task of its own, at most
+/// `S3_CONNECTIONS_MAX` at once.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    service: s3s::service::S3Service,
+    counters: Arc<S3Counters>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+    open: bool,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(S3_CONNECTIONS_MAX));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    log::warn!("S3 endpoint: accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            counters.refused_connections.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        counters.connections.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        tokio::spawn(async move {
+            let handler = hyper::service::service_fn(move |request| {
+                let service = service.clone();
+                async move {
+                    let request = prepare(request, peer, open);
+                    hyper::service::Service::call(&service, request).await
+                }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(S3_HEADER_TIMEOUT)
+                .max_buf_size(S3_HEADER_BYTES_MAX)
+                .serve_connection(TokioIo::new(stream), handler);
+            if let Err(error) = connection.await {
+                log::debug!("S3 connection from {peer}: {error}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The peer of a request, for the access check.
+#[derive(Clone, Copy)]
+pub(crate) struct Peer(pub SocketAddr);
+
+/// Note the peer; and on an endpoint without keys (`open`), take the signature off a loopback
+/// request whose body is not signed in chunks, so that SDKs that always sign (with whatever
+/// keys they find) are served as the anonymous loopback clients they are.
+fn prepare(
+    mut request: hyper::Request<hyper::body::Incoming>,
+    peer: SocketAddr,
+    open: bool,
+) -> hyper::Request<hyper::body::Incoming> {
+    request.extensions_mut().insert(Peer(peer));
+    if open && peer.ip().is_loopback() && !auth::chunk_signed(request.headers()) {
+        request.headers_mut().remove(hyper::header::AUTHORIZATION);
+    }
+    request
+}

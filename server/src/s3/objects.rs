@@ -1,0 +1,935 @@
+//! Objects through S3: GET (ranges, conditions), HEAD, PUT (checksums verified before the
+//! write is acknowledged), DELETE, DeleteObjects and CopyObject. Bodies move a chunk at a time:
+//! a GET larger than a chunk reads and sends one chunk's range after another, a PUT larger
+//! than a chunk is stored as a streamed put (`EngineHandle::put_stream`), its chunks taken from
+//! the node's bound on streamed bytes.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use hydrant_engine::{ByteRange, EngineHandle, ObjectMeta};
+use s3s::dto::*;
+use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
+
+use super::auth::Credentials;
+use super::buckets;
+use super::errors::s3_error as engine_error;
+
+/// How often a PUT waiting for room in the node's bound on streamed bytes looks again.
+const STREAMED_ROOM_POLL: Duration = Duration::from_millis(1);
+/// Objects of one DeleteObjects at most (S3's limit).
+const DELETE_OBJECTS_MAX: usize = 1000;
+/// Deletes of one DeleteObjects in flight at once.
+const DELETES_IN_FLIGHT: usize = 64;
+
+pub(crate) struct Gateway {
+    pub(super) engine: EngineHandle,
+    pub(super) credentials: Option<Credentials>,
+}
+
+impl Gateway {
+    pub(crate) fn new(engine: EngineHandle, credentials: Option<Credentials>) -> Gateway {
+        Gateway {
+            engine,
+            credentials,
+        }
+    }
+}
+
+/// The ETag of a version: its shard's sequence number (or, for bytes straight from the
+/// origin, the tag of the origin version) and its size. It changes whenever the object does,
+/// and stays the same across restarts while the version is on NVMe.
+pub(crate) fn etag_of(seq: u64, origin_version: u64, bytes: u64) -> ETag {
+    if seq != 0 {
+        ETag::Strong(format!("{seq:x}-{bytes:x}"))
+    } else {
+        ETag::Strong(format!("o{origin_version:x}-{bytes:x}"))
+    }
+}
+
+/// hydrant does not keep modification times: answers say the time of the answer.
+pub(crate) fn last_modified() -> Timestamp {
+    Timestamp::from(std::time::SystemTime::now())
+}
+
+/// 412 unless `condition` matches `etag` (If-Match).
+fn check_if_match(condition: Option<&ETagCondition>, etag: &ETag) -> S3Result<()> {
+    match condition {
+        Some(ETagCondition::ETag(wanted)) if wanted.value() != etag.value() => Err(s3_error!(
+            PreconditionFailed,
+            "the object's ETag is {}",
+            etag.value()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// 304 when `condition` matches `etag` (If-None-Match on a read).
+fn check_if_none_match(condition: Option<&ETagCondition>, etag: &ETag) -> S3Result<()> {
+    let matches = match condition {
+        Some(ETagCondition::Any) => true,
+        Some(ETagCondition::ETag(wanted)) => wanted.value() == etag.value(),
+        None => false,
+    };
+    if matches {
+        Err(s3_error!(NotModified))
+    } else {
+        Ok(())
+    }
+}
+
+/// A read's range resolved against the object's size: `start..end`, or InvalidRange.
+fn resolve(range: Option<Range>, size: u64) -> S3Result<Option<std::ops::Range<u64>>> {
+    match range {
+        None => Ok(None),
+        Some(range) => range.check(size).map(Some).map_err(|_| {
+            s3_error!(
+                InvalidRange,
+                "the range is outside an object of {size} bytes"
+            )
+        }),
+    }
+}
+
+/// Chunks of a GET read ahead of the one being sent.
+const GET_CHUNKS_AHEAD: usize = 1;
+
+/// The bytes `next..end` of one version of an object, read a chunk at a time by a task of
+/// their own (one chunk ahead of the one being sent); a read that finds another version (the
+/// object changed meanwhile) ends the body with an error, so that the client never gets two
+/// versions joined. A client that stops reading stops the task.
+fn chunk_stream(
+    engine: EngineHandle,
+    bucket: String,
+    key: String,
+    next: u64,
+    end: u64,
+    version: (u64, u64),
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
+    let (chunks, received) = tokio::sync::mpsc::channel(GET_CHUNKS_AHEAD);
+    tokio::spawn(async move {
+        let chunk = engine.chunk_bytes();
+        let mut next = next;
+        while next < end {
+            let stop = (next / chunk + 1) * chunk;
+            let range = ByteRange {
+                start: next,
+                end: Some(stop.min(end)),
+            };
+            let read = engine.get_versioned(&bucket, &key, Some(range)).await;
+            let part = match read {
+                Ok(Some(((meta, data), tag))) if (meta.seq, tag) == version && !data.is_empty() => {
+                    next += data.len() as u64;
+                    Ok(Bytes::from(data))
+                }
+                Ok(Some(_)) | Ok(None) => Err(std::io::Error::other(format!(
+                    "{bucket}/{key} changed while it was being read"
+                ))),
+                Err(error) => Err(std::io::Error::other(error.to_string())),
+            };
+            let failed = part.is_err();
+            if chunks.send(part).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(received, |mut received| async move {
+        received.recv().await.map(|part| (part, received))
+    })
+}
+
+/// A body of `bytes` bytes made of `first` (read already) and the rest, read as it is sent.
+fn body_of(
+    engine: &EngineHandle,
+    meta: &ObjectMeta,
+    tag: u64,
+    first: Vec<u8>,
+    start: u64,
+    end: u64,
+) -> StreamingBlob {
+    let first_end = start + first.len() as u64;
+    let head = futures::stream::once(async move { Ok(Bytes::from(first)) });
+    if first_end >= end {
+        return StreamingBlob::wrap(head);
+    }
+    let rest = chunk_stream(
+        engine.clone(),
+        meta.bucket.clone(),
+        meta.key.clone(),
+        first_end,
+        end,
+        (meta.seq, tag),
+    );
+    StreamingBlob::wrap(head.chain(rest))
+}
+
+/// The checksums a PUT's sender gave (in headers, or promised in a trailer) and the digests
+/// computed of the bytes as they arrive; compared before the object is stored.
+struct BodyCheck {
+    md5: Option<(s3s::crypto::Md5, String)>,
+    hasher: s3s::checksum::ChecksumHasher,
+    expected: Checksum,
+    /// The trailer header that carries the checksum, when it comes after the body.
+    trailer: Option<String>,
+}
+
+impl BodyCheck {
+    fn new(
+        headers: &hyper::HeaderMap,
+        content_md5: Option<String>,
+        expected: Checksum,
+    ) -> S3Result<BodyCheck> {
+        use s3s::crypto::Checksum as _;
+        let trailer = headers
+            .get("x-amz-trailer")
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.trim().to_ascii_lowercase());
+        let mut hasher = s3s::checksum::ChecksumHasher::default();
+        let wants = |field: &Option<String>, name: &str| {
+            field.is_some() || trailer.as_deref() == Some(name)
+        };
+        if wants(&expected.checksum_crc32, "x-amz-checksum-crc32") {
+            hasher.crc32 = Some(Default::default());
+        }
+        if wants(&expected.checksum_crc32c, "x-amz-checksum-crc32c") {
+            hasher.crc32c = Some(Default::default());
+        }
+        if wants(&expected.checksum_crc64nvme, "x-amz-checksum-crc64nvme") {
+            hasher.crc64nvme = Some(Default::default());
+        }
+        if wants(&expected.checksum_sha1, "x-amz-checksum-sha1") {
+            hasher.sha1 = Some(Default::default());
+        }
+        if wants(&expected.checksum_sha256, "x-amz-checksum-sha256") {
+            hasher.sha256 = Some(Default::default());
+        }
+        if let Some(name) = &trailer {
+            let known = [
+                "x-amz-checksum-crc32",
+                "x-amz-checksum-crc32c",
+                "x-amz-checksum-crc64nvme",
+                "x-amz-checksum-sha1",
+                "x-amz-checksum-sha256",
+            ];
+            if !known.contains(&name.as_str()) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-trailer names {name}, which is not a checksum S3 defines"
+                ));
+            }
+        }
+        Ok(BodyCheck {
+            md5: content_md5.map(|wanted| (s3s::crypto::Md5::new(), wanted)),
+            hasher,
+            expected,
+            trailer,
+        })
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        use s3s::crypto::Checksum as _;
+        if let Some((md5, _)) = &mut self.md5 {
+            md5.update(data);
+        }
+        self.hasher.update(data);
+    }
+
+    /// Compare, once the body (and its trailer) has arrived; the checksums the object was
+    /// stored with.
+    fn finish(mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Checksum> {
+        use s3s::crypto::Checksum as _;
+        if let Some((md5, wanted)) = self.md5.take() {
+            let digest = md5.finalize();
+            let got = base64_simd::STANDARD.encode_to_string(digest.as_ref() as &[u8]);
+            if got != wanted {
+                return Err(s3_error!(
+                    BadDigest,
+                    "the Content-MD5 you sent does not match the body"
+                ));
+            }
+        }
+        if let Some(name) = &self.trailer {
+            let value = trailers
+                .and_then(|trailers| {
+                    trailers.read(|headers| {
+                        headers
+                            .get(name.as_str())
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_string)
+                    })
+                })
+                .flatten()
+                .ok_or_else(|| {
+                    s3_error!(
+                        IncompleteBody,
+                        "the body ended without the trailer {name} it promised"
+                    )
+                })?;
+            let slot = match name.as_str() {
+                "x-amz-checksum-crc32" => &mut self.expected.checksum_crc32,
+                "x-amz-checksum-crc32c" => &mut self.expected.checksum_crc32c,
+                "x-amz-checksum-crc64nvme" => &mut self.expected.checksum_crc64nvme,
+                "x-amz-checksum-sha1" => &mut self.expected.checksum_sha1,
+                _ => &mut self.expected.checksum_sha256,
+            };
+            *slot = Some(value);
+        }
+        let got = self.hasher.finalize();
+        let pairs = [
+            ("CRC32", &self.expected.checksum_crc32, &got.checksum_crc32),
+            (
+                "CRC32C",
+                &self.expected.checksum_crc32c,
+                &got.checksum_crc32c,
+            ),
+            (
+                "CRC64NVME",
+                &self.expected.checksum_crc64nvme,
+                &got.checksum_crc64nvme,
+            ),
+            ("SHA1", &self.expected.checksum_sha1, &got.checksum_sha1),
+            (
+                "SHA256",
+                &self.expected.checksum_sha256,
+                &got.checksum_sha256,
+            ),
+        ];
+        for (algorithm, wanted, computed) in pairs {
+            if let Some(wanted) = wanted {
+                if Some(wanted) != computed.as_ref() {
+                    return Err(s3_error!(
+                        BadDigest,
+                        "the {algorithm} checksum you sent does not match the body"
+                    ));
+                }
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// A body's bytes as they arrive, in pieces of at most `want` bytes (a piece is split when it
+/// crosses a chunk's end).
+struct Pieces<S> {
+    stream: S,
+    left: Option<Bytes>,
+}
+
+impl<S> Pieces<S>
+where
+    S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+{
+    /// Fill `into` up to `want` bytes; fewer only when the body ends.
+    async fn fill(
+        &mut self,
+        into: &mut Vec<u8>,
+        want: usize,
+        check: &mut BodyCheck,
+    ) -> S3Result<()> {
+        while into.len() < want {
+            let mut piece = match self.left.take() {
+                Some(piece) => piece,
+                None => match self.stream.next().await {
+                    Some(Ok(piece)) => piece,
+                    Some(Err(error)) => {
+                        return Err(s3_error!(
+                            IncompleteBody,
+                            "the body could not be read: {error}"
+                        ))
+                    }
+                    None => return Ok(()),
+                },
+            };
+            let room = want - into.len();
+            if piece.len() > room {
+                self.left = Some(piece.split_off(room));
+            }
+            check.update(&piece);
+            into.extend_from_slice(&piece);
+        }
+        Ok(())
+    }
+
+    /// Whether bytes remain beyond those asked for.
+    async fn has_more(&mut self) -> S3Result<bool> {
+        loop {
+            if self.left.as_ref().is_some_and(|left| !left.is_empty()) {
+                return Ok(true);
+            }
+            match self.stream.next().await {
+                Some(Ok(piece)) => self.left = Some(piece),
+                Some(Err(error)) => {
+                    return Err(s3_error!(
+                        IncompleteBody,
+                        "the body could not be read: {error}"
+                    ))
+                }
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
+impl Gateway {
+    /// Room for a chunk of `bytes` in the node's bound on streamed bytes, waiting for it.
+    async fn streamed_chunk(&self, bytes: usize) -> hydrant_engine::StreamedChunk {
+        loop {
+            if let Some(chunk) = self.engine.try_streamed_chunk(bytes) {
+                return chunk;
+            }
+            tokio::time::sleep(STREAMED_ROOM_POLL).await;
+        }
+    }
+
+    /// Store `bytes` bytes from `body` as `bucket/key`, checked by `check` before the version
+    /// becomes visible; nothing is stored when the body is short, long or fails its check.
+    async fn store<S>(
+        &self,
+        bucket: &str,
+        key: &str,
+        bytes: u64,
+        body: S,
+        mut check: BodyCheck,
+        trailers: Option<&s3s::TrailingHeaders>,
+    ) -> S3Result<(ObjectMeta, Checksum)>
+    where
+        S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+    {
+        let mut pieces = Pieces {
+            stream: body,
+            left: None,
+        };
+        let chunk_bytes = self.engine.chunk_bytes();
+        let short = |got: u64| {
+            s3s::S3Error::with_message(
+                s3s::S3ErrorCode::IncompleteBody,
+                format!("the body ended after {got} of the {bytes} bytes it announced"),
+            )
+        };
+        if bytes <= chunk_bytes {
+            let mut data = Vec::with_capacity(bytes as usize);
+            pieces.fill(&mut data, bytes as usize, &mut check).await?;
+            if (data.len() as u64) < bytes {
+                return Err(short(data.len() as u64));
+            }
+            if pieces.has_more().await? {
+                return Err(long(bytes));
+            }
+            let sums = check.finish(trailers)?;
+            let meta = self
+                .engine
+                .put(bucket, key, data)
+                .await
+                .map_err(engine_error)?;
+            return Ok((meta, sums));
+        }
+        let (sink, done) = self
+            .engine
+            .put_stream(bucket, key, bytes)
+            .map_err(engine_error)?;
+        let done = tokio::spawn(done);
+        let mut sent = 0u64;
+        let mut outcome = Ok(());
+        let mut sums = None;
+        while sent < bytes {
+            let want = chunk_bytes.min(bytes - sent) as usize;
+            let mut chunk = self.streamed_chunk(want).await;
+            if let Err(error) = pieces.fill(&mut chunk.data, want, &mut check).await {
+                outcome = Err(error);
+                break;
+            }
+            if chunk.data.len() < want {
+                outcome = Err(short(sent + chunk.data.len() as u64));
+                break;
+            }
+            sent += want as u64;
+            if sent == bytes {
+                // The last chunk makes the version visible: send it only once the body has
+                // ended where it said and its checksums match.
+                outcome = match pieces.has_more().await {
+                    Ok(true) => Err(long(bytes)),
+                    Ok(false) => {
+                        match std::mem::replace(&mut check, BodyCheck::empty(Checksum::default()))
+                            .finish(trailers)
+                        {
+                            Ok(verified) => {
+                                sums = Some(verified);
+                                Ok(())
+                            }
+                            Err(error) => Err(error),
+                        }
+                    }
+                    Err(error) => Err(error),
+                };
+                if outcome.is_err() {
+                    break;
+                }
+            }
+            if !sink.send(chunk).await {
+                break; // the put ended early; its outcome says why
+            }
+        }
+        drop(sink);
+        let stored = done
+            .await
+            .map_err(|error| s3_error!(InternalError, "the put did not finish: {error}"))?;
+        outcome?;
+        let meta = stored.map_err(engine_error)?;
+        Ok((meta, sums.unwrap_or_default()))
+    }
+
+    /// The whole object or a range of it, with its metadata.
+    async fn read(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<Range>,
+    ) -> S3Result<(ObjectMeta, u64, StreamingBlob, Option<std::ops::Range<u64>>)> {
+        let chunk = self.engine.chunk_bytes();
+        // The first read: the range's first chunk (the object's, for a suffix or no range).
+        let start = match range {
+            Some(Range::Int { first, .. }) => first,
+            _ => 0,
+        };
+        let first_end = match range {
+            Some(Range::Int {
+                first,
+                last: Some(last),
+            }) => (last.saturating_add(1)).min((first / chunk + 1) * chunk),
+            _ => (start / chunk + 1) * chunk,
+        };
+        let first = self
+            .engine
+            .get_versioned(
+                bucket,
+                key,
+                Some(ByteRange {
+                    start: start.min(first_end),
+                    end: Some(first_end),
+                }),
+            )
+            .await;
+        let ((meta, data), tag) = match first {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(no_such_key(bucket, key)),
+            Err(error) if error.kind() == hydrant_engine::ErrorKind::InvalidRange => {
+                return Err(s3_error!(InvalidRange, "{error}"))
+            }
+            Err(error) => return Err(engine_error(error)),
+        };
+        let resolved = resolve(range, meta.bytes)?;
+        let (start, end) = match &resolved {
+            Some(range) => (range.start, range.end),
+            None => (0, meta.bytes),
+        };
+        let body = if matches!(range, Some(Range::Suffix { .. })) && start != 0 {
+            // The first read was the object's first chunk: read from the suffix's start.
+            let rest = chunk_stream(
+                self.engine.clone(),
+                meta.bucket.clone(),
+                meta.key.clone(),
+                start,
+                end,
+                (meta.seq, tag),
+            );
+            StreamingBlob::wrap(rest)
+        } else {
+            let mut data = data;
+            data.truncate((end - start) as usize);
+            body_of(&self.engine, &meta, tag, data, start, end)
+        };
+        Ok((meta, tag, body, resolved))
+    }
+}
+
+fn long(bytes: u64) -> s3s::S3Error {
+    s3_error!(
+        InvalidRequest,
+        "the body is longer than the {bytes} bytes it announced"
+    )
+}
+
+fn no_such_key(bucket: &str, key: &str) -> s3s::S3Error {
+    s3_error!(
+        NoSuchKey,
+        "{bucket}/{key} is neither here nor at its origin"
+    )
+}
+
+impl BodyCheck {
+    /// A check already made, carrying the checksums it verified.
+    fn empty(sums: Checksum) -> BodyCheck {
+        BodyCheck {
+            md5: None,
+            hasher: Default::default(),
+            expected: sums,
+            trailer: None,
+        }
+    }
+}
+
+/// The size a PUT announces: the decoded length of an `aws-chunked` body, else its
+/// Content-Length.
+fn announced_bytes(headers: &hyper::HeaderMap, content_length: Option<i64>) -> S3Result<u64> {
+    let decoded = headers
+        .get("x-amz-decoded-content-length")
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.parse::<u64>());
+    match (decoded, content_length) {
+        (Some(Ok(bytes)), _) => Ok(bytes),
+        (Some(Err(_)), _) => Err(s3_error!(
+            InvalidArgument,
+            "x-amz-decoded-content-length is not a number"
+        )),
+        (None, Some(bytes)) if bytes >= 0 => Ok(bytes as u64),
+        _ => Err(s3_error!(
+            MissingContentLength,
+            "a PUT says its length (Content-Length)"
+        )),
+    }
+}
+
+/// An `aws-chunked` body that no key decoded: storing it would store its framing.
+fn refuse_undecoded(
+    headers: &hyper::HeaderMap,
+    trailers: &Option<s3s::TrailingHeaders>,
+) -> S3Result<()> {
+    let streaming = headers
+        .get("x-amz-content-sha256")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("STREAMING-"));
+    if streaming && trailers.is_none() {
+        return Err(s3_error!(
+            NotImplemented,
+            "aws-chunked bodies are decoded for requests signed with a key of --s3-credentials; send this one unsigned without aws-chunked, or sign it"
+        ));
+    }
+    Ok(())
+}
+
+fn checksum_of_put(input: &PutObjectInput) -> Checksum {
+    Checksum {
+        checksum_crc32: input.checksum_crc32.clone(),
+        checksum_crc32c: input.checksum_crc32c.clone(),
+        checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+        checksum_sha1: input.checksum_sha1.clone(),
+        checksum_sha256: input.checksum_sha256.clone(),
+        ..Default::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Gateway {
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        if input.part_number.is_some_and(|part| part != 1) {
+            return Err(s3_error!(
+                InvalidArgument,
+                "this object is stored whole: its only part is 1"
+            ));
+        }
+        let (meta, tag, body, range) = self.read(&input.bucket, &input.key, input.range).await?;
+        let etag = etag_of(meta.seq, tag, meta.bytes);
+        check_if_match(input.if_match.as_ref(), &etag)?;
+        check_if_none_match(input.if_none_match.as_ref(), &etag)?;
+        let (length, content_range) = match &range {
+            Some(range) => (
+                range.end - range.start,
+                Some(format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.saturating_sub(1),
+                    meta.bytes
+                )),
+            ),
+            None => (meta.bytes, None),
+        };
+        let output = GetObjectOutput {
+            body: Some(body),
+            content_length: Some(length as i64),
+            content_range,
+            accept_ranges: Some("bytes".to_string()),
+            e_tag: Some(etag),
+            last_modified: Some(last_modified()),
+            parts_count: input.part_number.map(|_| 1),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        let meta = self
+            .engine
+            .head(&input.bucket, &input.key)
+            .await
+            .map_err(engine_error)?
+            .ok_or_else(|| no_such_key(&input.bucket, &input.key))?;
+        let etag = etag_of(meta.seq, 0, meta.bytes);
+        // A HEAD of an object not on NVMe has no version yet: conditions compare with what a
+        // GET would answer only once it is.
+        if meta.seq != 0 {
+            check_if_match(input.if_match.as_ref(), &etag)?;
+            check_if_none_match(input.if_none_match.as_ref(), &etag)?;
+        }
+        let output = HeadObjectOutput {
+            content_length: Some(meta.bytes as i64),
+            accept_ranges: Some("bytes".to_string()),
+            e_tag: (meta.seq != 0).then_some(etag),
+            last_modified: Some(last_modified()),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        refuse_undecoded(&req.headers, &req.trailing_headers)?;
+        let bytes = announced_bytes(&req.headers, req.input.content_length)?;
+        let input = req.input;
+        // Conditional writes: If-None-Match: * (create only) and If-Match (replace only the
+        // version the writer read). Checked before the body is taken; a write that races
+        // another between the check and the install is not refused.
+        if input.if_none_match.is_some() || input.if_match.is_some() {
+            let found = self
+                .engine
+                .head(&input.bucket, &input.key)
+                .await
+                .map_err(engine_error)?;
+            if let Some(ETagCondition::Any) = &input.if_none_match {
+                if found.is_some() {
+                    return Err(s3_error!(
+                        PreconditionFailed,
+                        "{}/{} exists (If-None-Match: *)",
+                        input.bucket,
+                        input.key
+                    ));
+                }
+            }
+            if let Some(condition) = &input.if_match {
+                let Some(found) = &found else {
+                    return Err(no_such_key(&input.bucket, &input.key));
+                };
+                check_if_match(Some(condition), &etag_of(found.seq, 0, found.bytes))?;
+            }
+        }
+        let check = BodyCheck::new(
+            &req.headers,
+            input.content_md5.clone(),
+            checksum_of_put(&input),
+        )?;
+        let body = input
+            .body
+            .map(|body| body.boxed())
+            .unwrap_or_else(|| futures::stream::empty().boxed());
+        let (meta, sums) = self
+            .store(
+                &input.bucket,
+                &input.key,
+                bytes,
+                body,
+                check,
+                req.trailing_headers.as_ref(),
+            )
+            .await?;
+        let output = PutObjectOutput {
+            e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
+            checksum_crc32: sums.checksum_crc32,
+            checksum_crc32c: sums.checksum_crc32c,
+            checksum_crc64nvme: sums.checksum_crc64nvme,
+            checksum_sha1: sums.checksum_sha1,
+            checksum_sha256: sums.checksum_sha256,
+            size: Some(meta.bytes as i64),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.engine
+            .delete(&req.input.bucket, &req.input.key)
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::with_status(
+            DeleteObjectOutput::default(),
+            hyper::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let input = req.input;
+        let objects = input.delete.objects;
+        if objects.len() > DELETE_OBJECTS_MAX {
+            return Err(s3_error!(
+                MalformedXML,
+                "one DeleteObjects names at most {DELETE_OBJECTS_MAX} objects, not {}",
+                objects.len()
+            ));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let mut deleted = Vec::new();
+        let mut errors = Vec::new();
+        for batch in objects.chunks(DELETES_IN_FLIGHT) {
+            let calls = batch
+                .iter()
+                .map(|object| self.engine.delete(&input.bucket, &object.key));
+            let outcomes = futures::future::join_all(calls).await;
+            for (object, outcome) in batch.iter().zip(outcomes) {
+                match outcome {
+                    Ok(_) => {
+                        if !quiet {
+                            deleted.push(DeletedObject {
+                                key: Some(object.key.clone()),
+                                ..Default::default()
+                            });
+                        }
+                    }
+                    Err(error) => {
+                        let error = engine_error(error);
+                        errors.push(Error {
+                            code: Some(error.code().as_str().to_string()),
+                            key: Some(object.key.clone()),
+                            message: error.message().map(str::to_string),
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+        }
+        let output = DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: source_bucket,
+            key: source_key,
+            version_id,
+        } = &input.copy_source
+        else {
+            return Err(s3_error!(
+                NotImplemented,
+                "copies name their source as bucket/key"
+            ));
+        };
+        if version_id.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "hydrant keeps one version of an object: copies cannot name a versionId"
+            ));
+        }
+        if let (Some(credentials), Some(signed)) = (&self.credentials, &req.credentials) {
+            if !credentials.allows(&signed.access_key, source_bucket, false) {
+                return Err(s3_error!(
+                    AccessDenied,
+                    "{} may not read bucket {source_bucket}",
+                    signed.access_key
+                ));
+            }
+        }
+        let (meta, tag, body, _) = self.read(source_bucket, source_key, None).await?;
+        let source_etag = etag_of(meta.seq, tag, meta.bytes);
+        check_if_match(input.copy_source_if_match.as_ref(), &source_etag)?;
+        if let Some(ETagCondition::ETag(unwanted)) = &input.copy_source_if_none_match {
+            if unwanted.value() == source_etag.value() {
+                return Err(s3_error!(
+                    PreconditionFailed,
+                    "the source's ETag is {}",
+                    source_etag.value()
+                ));
+            }
+        }
+        let check = BodyCheck::empty(Checksum::default());
+        let (stored, _) = self
+            .store(
+                &input.bucket,
+                &input.key,
+                meta.bytes,
+                body.boxed(),
+                check,
+                None,
+            )
+            .await?;
+        let output = CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag_of(stored.seq, 0, stored.bytes)),
+                last_modified: Some(last_modified()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        buckets::list_buckets(self, req).await
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        buckets::head_bucket(self, req).await
+    }
+
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        buckets::create_bucket(self, req).await
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        buckets::delete_bucket(self, req).await
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        buckets::list_objects(self, req).await
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        buckets::list_objects_v2(self, req).await
+    }
+
+    async fn get_bucket_location(
+        &self,
+        _req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+}
