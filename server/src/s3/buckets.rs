@@ -166,10 +166,26 @@ async fn list_page(
     }
 }
 
-fn object_of(meta: ObjectMeta) -> Object {
+/// A name as the listing answers it: percent-encoded when the client asked for `url` encoding
+/// (boto3 always does, and decodes what it gets).
+fn encoded(name: String, url: bool) -> String {
+    if url {
+        urlencoding::encode(&name).into_owned()
+    } else {
+        name
+    }
+}
+
+fn wants_url(encoding: &Option<EncodingType>) -> bool {
+    encoding
+        .as_ref()
+        .is_some_and(|encoding| encoding.as_str() == EncodingType::URL)
+}
+
+fn object_of(meta: ObjectMeta, url: bool) -> Object {
     Object {
         e_tag: (meta.seq != 0).then(|| etag_of(meta.seq, 0, meta.bytes)),
-        key: Some(meta.key),
+        key: Some(encoded(meta.key, url)),
         size: Some(meta.bytes as i64),
         last_modified: Some(last_modified()),
         storage_class: Some(ObjectStorageClass::from_static(
@@ -190,6 +206,7 @@ pub(super) async fn list_objects_v2(
     req: S3Request<ListObjectsV2Input>,
 ) -> S3Result<S3Response<ListObjectsV2Output>> {
     let input = req.input;
+    let url = wants_url(&input.encoding_type);
     let prefix = input.prefix.clone().unwrap_or_default();
     let max_keys = max_keys_of(input.max_keys);
     let after = input
@@ -208,18 +225,23 @@ pub(super) async fn list_objects_v2(
     let key_count = (page.objects.len() + page.prefixes.len()) as i32;
     let output = ListObjectsV2Output {
         name: Some(input.bucket),
-        prefix: Some(prefix),
+        prefix: Some(encoded(prefix, url)),
         max_keys: Some(max_keys as i32),
         key_count: Some(key_count),
         continuation_token: input.continuation_token,
         is_truncated: Some(page.next.is_some()),
         next_continuation_token: page.next,
-        contents: Some(page.objects.into_iter().map(object_of).collect()),
+        contents: Some(
+            page.objects
+                .into_iter()
+                .map(|meta| object_of(meta, url))
+                .collect(),
+        ),
         common_prefixes: Some(
             page.prefixes
                 .into_iter()
                 .map(|prefix| CommonPrefix {
-                    prefix: Some(prefix),
+                    prefix: Some(encoded(prefix, url)),
                 })
                 .collect(),
         ),
@@ -236,6 +258,7 @@ pub(super) async fn list_objects(
     req: S3Request<ListObjectsInput>,
 ) -> S3Result<S3Response<ListObjectsOutput>> {
     let input = req.input;
+    let url = wants_url(&input.encoding_type);
     let prefix = input.prefix.clone().unwrap_or_default();
     let max_keys = max_keys_of(input.max_keys);
     let page = list_page(
@@ -249,17 +272,22 @@ pub(super) async fn list_objects(
     .await?;
     let output = ListObjectsOutput {
         name: Some(input.bucket),
-        prefix: Some(prefix),
+        prefix: Some(encoded(prefix, url)),
         marker: input.marker,
         max_keys: Some(max_keys as i32),
         is_truncated: Some(page.next.is_some()),
-        next_marker: page.next,
-        contents: Some(page.objects.into_iter().map(object_of).collect()),
+        next_marker: page.next.map(|next| encoded(next, url)),
+        contents: Some(
+            page.objects
+                .into_iter()
+                .map(|meta| object_of(meta, url))
+                .collect(),
+        ),
         common_prefixes: Some(
             page.prefixes
                 .into_iter()
                 .map(|prefix| CommonPrefix {
-                    prefix: Some(prefix),
+                    prefix: Some(encoded(prefix, url)),
                 })
                 .collect(),
         ),

@@ -120,6 +120,14 @@ v1 = [o["Key"] for page in paginator.paginate(Bucket=bucket, Prefix="many/", Pag
 assert v1 == keys, v1
 assert bucket in [b["Name"] for b in anonymous.list_buckets()["Buckets"]]
 
+# Keys that URL encoding changes come back as they were written.
+odd = ["odd/a b+c%d.txt", "odd/ünïcode €", "odd/semi;colon&amp=eq"]
+for key in odd:
+    anonymous.put_object(Bucket=bucket, Key=key, Body=key.encode())
+assert [o["Key"] for o in anonymous.list_objects_v2(Bucket=bucket, Prefix="odd/")["Contents"]] == sorted(odd)
+for key in odd:
+    assert anonymous.get_object(Bucket=bucket, Key=key)["Body"].read() == key.encode()
+
 # Deletes, one and many; a bucket with objects is not deleted.
 assert error_code(lambda: anonymous.delete_bucket(Bucket=bucket)) == "BucketNotEmpty"
 anonymous.delete_object(Bucket=bucket, Key="copy.bin")
