@@ -6,6 +6,11 @@ use hydrant_proto::name;
 use crate::format::{BUCKET_BYTES_MAX, KEY_BYTES_MAX};
 use crate::{Error, ErrorKind, Result};
 
+/// The bucket of staged objects (see `ObjectKey::staged`): a name the bucket grammar refuses
+/// (it must start with a letter or digit), so no client of any protocol can read, write or
+/// route it, while the device format's looser rule for stored names keeps it across restarts.
+pub const STAGED_BUCKET: &str = "_staged";
+
 /// A bucket and key, stored as `bucket 0x00 key` so that byte order sorts by bucket, then key,
 /// and a prefix of a key is a prefix of the stored bytes.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -18,6 +23,26 @@ impl ObjectKey {
         name::check_bucket(bucket).map_err(invalid_name)?;
         name::check_key(key).map_err(invalid_name)?;
         Ok(Self::join(bucket, key))
+    }
+
+    /// A key of the engine's staging area: objects that no client can name (their bucket,
+    /// `STAGED_BUCKET`, breaks the bucket grammar), kept on NVMe only, pinned like dirty data
+    /// until deleted, and never uploaded to an origin. A door that assembles objects from
+    /// pieces (S3's multipart uploads) keeps the pieces here. `key` follows the key grammar.
+    pub fn staged(key: &str) -> Result<ObjectKey> {
+        name::check_key(key).map_err(invalid_name)?;
+        Ok(Self::join(STAGED_BUCKET, key))
+    }
+
+    /// A prefix of staged keys (possibly empty), for listing.
+    pub fn staged_prefix(prefix: &str) -> Result<ObjectKey> {
+        name::check_prefix(prefix).map_err(invalid_name)?;
+        Ok(Self::join(STAGED_BUCKET, prefix))
+    }
+
+    /// Whether this is a staged key (see `staged`).
+    pub fn is_staged(&self) -> bool {
+        self.bucket_bytes() == STAGED_BUCKET.as_bytes()
     }
 
     /// A bucket and a prefix of keys (possibly empty), for listing.
@@ -147,6 +172,15 @@ mod tests {
             ObjectKey::new("", "k").unwrap_err().kind(),
             ErrorKind::InvalidKey
         );
+        let staged = ObjectKey::staged("parts/1").unwrap();
+        assert!(staged.is_staged());
+        assert!(!ObjectKey::new("data-1", "parts/1").unwrap().is_staged());
+        assert!(ObjectKey::new(STAGED_BUCKET, "parts/1").is_err());
+        assert_eq!(
+            ObjectKey::from_parts(STAGED_BUCKET.as_bytes(), b"parts/1"),
+            Some(staged)
+        );
+        assert!(ObjectKey::staged("parts/../x").is_err());
         let key = ObjectKey::new("data-1", &"k".repeat(1024)).unwrap();
         assert_eq!(key.bucket(), "data-1");
         assert_eq!(key.key().len(), 1024);

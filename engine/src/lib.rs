@@ -28,5 +28,6 @@ pub use engine::{
     CRC_BLOCK_BYTES_DEFAULT, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX,
     REGION_BYTES_DEFAULT,
 };
+pub use key::STAGED_BUCKET;
 pub use origin::{BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, WriteMode};
-pub use store::{ByteRange, ObjectMeta, ObjectRead, ShardStats};
+pub use store::{ByteRange, ObjectKey, ObjectMeta, ObjectRead, ShardStats};

@@ -348,7 +348,9 @@ impl Cache {
             locks: Rc::default(),
         });
         if let Some(origin) = &cache.origin {
-            let recovered = cache.store.dirty_objects();
+            // Staged objects are dirty only to be pinned: they have no origin to go to.
+            let mut recovered = cache.store.dirty_objects();
+            recovered.retain(|(key, _, _)| !key.is_staged());
             if !recovered.is_empty() {
                 log::info!(
                     "shard {}: {} dirty objects found on the device are queued for upload",
@@ -412,11 +414,14 @@ impl Cache {
         }
     }
 
-    /// The origin of `key`'s bucket, if it has one.
+    /// The origin of `key`'s bucket, if it has one (staged keys never do).
     fn route(&self, key: &ObjectKey) -> Result<Option<(&ShardOrigin, Arc<Route>)>> {
         let Some(origin) = self.origin.as_deref() else {
             return Ok(None);
         };
+        if key.is_staged() {
+            return Ok(None);
+        }
         Ok(origin
             .origins
             .route(key.bucket())?

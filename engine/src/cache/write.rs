@@ -6,11 +6,13 @@ use super::*;
 impl Cache {
     /// Store `data` as `key` by the bucket's write mode: NVMe only (no origin), write-back
     /// (dirty, acknowledged once durable on NVMe), write-through (acknowledged once the origin
-    /// has it), or refused (read-only).
+    /// has it), or refused (read-only). A staged key is stored on NVMe only and pinned (kept
+    /// like dirty data, never uploaded) until it is deleted.
     pub async fn put(&self, key: ObjectKey, data: Vec<u8>) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
-            return self.store.put(key, &data, false).await;
+            let pinned = key.is_staged();
+            return self.store.put(key, &data, pinned).await;
         };
         // From now until the answer, origin reads of the key are not admitted.
         let _change = origin.reads.change(&key);
@@ -98,7 +100,8 @@ impl Cache {
     ) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
-            return self.write_stream(key, object_bytes, false, chunks).await;
+            let pinned = key.is_staged();
+            return self.write_stream(key, object_bytes, pinned, chunks).await;
         };
         let _change = origin.reads.change(&key);
         route.path(key.key())?;

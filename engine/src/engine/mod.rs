@@ -354,16 +354,20 @@ impl EngineHandle {
         PutSink,
         impl Future<Output = Result<ObjectMeta>> + Send + 'static,
     )> {
-        let key = ObjectKey::new(bucket, key)?;
-        if object_bytes > self.object_bytes_max {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "an object is at most {} bytes; this one is {object_bytes}",
-                    self.object_bytes_max
-                ),
-            ));
-        }
+        self.put_stream_key(ObjectKey::new(bucket, key)?, object_bytes)
+    }
+
+    /// `put_stream` of a key already made (a staged key, see `ObjectKey::staged`, among
+    /// others).
+    pub fn put_stream_key(
+        &self,
+        key: ObjectKey,
+        object_bytes: u64,
+    ) -> Result<(
+        PutSink,
+        impl Future<Output = Result<ObjectMeta>> + Send + 'static,
+    )> {
+        self.check_object_bytes(object_bytes)?;
         let (chunks, received) = channel::bounded(PUT_STREAM_CHUNKS_QUEUED);
         let shard = self.shard_of(&key);
         let done = self.on_shard(shard, move |cache| async move {
@@ -440,7 +444,17 @@ impl EngineHandle {
         key: &str,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
-        let call = self.checked_put(bucket, key, &data).map(|key| {
+        let call = ObjectKey::new(bucket, key).map(|key| self.put_key(key, data));
+        async move { call?.await }
+    }
+
+    /// `put` of a key already made (a staged key, see `ObjectKey::staged`, among others).
+    pub fn put_key(
+        &self,
+        key: ObjectKey,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
+        let call = self.check_object_bytes(data.len() as u64).map(|()| {
             let shard = self.shard_of(&key);
             self.on_shard(
                 shard,
@@ -470,17 +484,21 @@ impl EngineHandle {
 
     fn checked_put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<ObjectKey> {
         let key = ObjectKey::new(bucket, key)?;
-        if data.len() as u64 > self.object_bytes_max {
+        self.check_object_bytes(data.len() as u64)?;
+        Ok(key)
+    }
+
+    fn check_object_bytes(&self, object_bytes: u64) -> Result<()> {
+        if object_bytes > self.object_bytes_max {
             return Err(Error::new(
                 ErrorKind::TooLarge,
                 format!(
-                    "an object is at most {} bytes; this one is {}",
-                    self.object_bytes_max,
-                    data.len()
+                    "an object is at most {} bytes; this one is {object_bytes}",
+                    self.object_bytes_max
                 ),
             ));
         }
-        Ok(key)
+        Ok(())
     }
 
     /// The object's bytes (whole, or `range`), from NVMe or read through from the origin, or
@@ -530,23 +548,31 @@ impl EngineHandle {
         key: &str,
         range: Option<ByteRange>,
     ) -> impl Future<Output = Result<Option<(ObjectData, u64)>>> + Send + 'static {
-        let call = ObjectKey::new(bucket, key).map(|key| {
-            let shard = self.shard_of(&key);
-            self.on_shard(shard, move |cache| async move {
-                let read: Option<CacheRead> = cache.get(&key, range).await?;
-                Ok(read.map(|read| {
-                    let meta = ObjectMeta {
-                        bucket: key.bucket().to_string(),
-                        key: key.key().to_string(),
-                        bytes: read.bytes,
-                        seq: read.seq,
-                        dirty: read.dirty,
-                    };
-                    ((meta, read.data), read.origin_version)
-                }))
-            })
-        });
+        let call = ObjectKey::new(bucket, key).map(|key| self.get_versioned_key(key, range));
         async move { call?.await }
+    }
+
+    /// `get_versioned` of a key already made (a staged key, see `ObjectKey::staged`, among
+    /// others).
+    pub fn get_versioned_key(
+        &self,
+        key: ObjectKey,
+        range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<(ObjectData, u64)>>> + Send + 'static {
+        let shard = self.shard_of(&key);
+        self.on_shard(shard, move |cache| async move {
+            let read: Option<CacheRead> = cache.get(&key, range).await?;
+            Ok(read.map(|read| {
+                let meta = ObjectMeta {
+                    bucket: key.bucket().to_string(),
+                    key: key.key().to_string(),
+                    bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                };
+                ((meta, read.data), read.origin_version)
+            }))
+        })
     }
 
     pub fn head(
@@ -554,11 +580,17 @@ impl EngineHandle {
         bucket: &str,
         key: &str,
     ) -> impl Future<Output = Result<Option<ObjectMeta>>> + Send + 'static {
-        let call = ObjectKey::new(bucket, key).map(|key| {
-            let shard = self.shard_of(&key);
-            self.on_shard(shard, move |cache| async move { cache.head(&key).await })
-        });
+        let call = ObjectKey::new(bucket, key).map(|key| self.head_key(key));
         async move { call?.await }
+    }
+
+    /// `head` of a key already made.
+    pub fn head_key(
+        &self,
+        key: ObjectKey,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>>> + Send + 'static {
+        let shard = self.shard_of(&key);
+        self.on_shard(shard, move |cache| async move { cache.head(&key).await })
     }
 
     /// Delete `bucket/key` (and at its origin); returns whether it existed.
@@ -567,11 +599,52 @@ impl EngineHandle {
         bucket: &str,
         key: &str,
     ) -> impl Future<Output = Result<bool>> + Send + 'static {
-        let call = ObjectKey::new(bucket, key).map(|key| {
-            let shard = self.shard_of(&key);
-            self.on_shard(shard, move |cache| async move { cache.delete(key).await })
-        });
+        let call = ObjectKey::new(bucket, key).map(|key| self.delete_key(key));
         async move { call?.await }
+    }
+
+    /// `delete` of a key already made.
+    pub fn delete_key(
+        &self,
+        key: ObjectKey,
+    ) -> impl Future<Output = Result<bool>> + Send + 'static {
+        let shard = self.shard_of(&key);
+        self.on_shard(shard, move |cache| async move { cache.delete(key).await })
+    }
+
+    /// Up to `limit` (at most LIST_LIMIT_MAX) staged objects (see `ObjectKey::staged`) whose
+    /// keys start with `prefix`, in key order, after `start_after`.
+    pub fn list_staged(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ObjectMeta>>> + Send + 'static {
+        let limit = limit.min(LIST_LIMIT_MAX);
+        let keys = ObjectKey::staged_prefix(prefix).and_then(|prefix| {
+            let after = start_after.map(ObjectKey::staged).transpose()?;
+            Ok((prefix, after))
+        });
+        let calls = keys.map(|(prefix, after)| {
+            (0..self.inboxes.len())
+                .map(|shard| {
+                    let prefix = prefix.clone();
+                    let after = after.clone();
+                    self.on_shard(shard, move |cache| async move {
+                        Ok(cache.store().list(&prefix, after.as_ref(), limit))
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        async move {
+            let mut merged: Vec<ObjectMeta> = Vec::new();
+            for call in calls? {
+                merged.extend(call.await?);
+            }
+            merged.sort_by(|left, right| left.key.cmp(&right.key));
+            merged.truncate(limit);
+            Ok(merged)
+        }
     }
 
     /// Up to `limit` (at most LIST_LIMIT_MAX) objects of `bucket` whose keys start with

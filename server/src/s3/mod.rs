@@ -11,12 +11,14 @@
 //! - `auth`: keys from `--s3-credentials` and what each may read or write; without keys,
 //!   anonymous requests from loopback only.
 //! - `objects`: GET, HEAD, PUT, DELETE, COPY of objects.
+//! - `multipart`: multipart uploads, their parts staged on NVMe until the upload completes.
 //! - `buckets`: the bucket operations and the listings.
 //! - `errors`: the engine's errors as S3's error codes.
 
 mod auth;
 mod buckets;
 mod errors;
+mod multipart;
 mod objects;
 
 use std::net::SocketAddr;

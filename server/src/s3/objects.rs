@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hydrant_engine::{ByteRange, EngineHandle, ObjectMeta};
+use hydrant_engine::{ByteRange, EngineHandle, ObjectKey as StoreKey, ObjectMeta};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
@@ -23,6 +23,7 @@ const DELETE_OBJECTS_MAX: usize = 1000;
 /// Deletes of one DeleteObjects in flight at once.
 const DELETES_IN_FLIGHT: usize = 64;
 
+#[derive(Clone)]
 pub(crate) struct Gateway {
     pub(super) engine: EngineHandle,
     pub(super) credentials: Option<Credentials>,
@@ -99,10 +100,9 @@ const GET_CHUNKS_AHEAD: usize = 1;
 /// their own (one chunk ahead of the one being sent); a read that finds another version (the
 /// object changed meanwhile) ends the body with an error, so that the client never gets two
 /// versions joined. A client that stops reading stops the task.
-fn chunk_stream(
+pub(super) fn chunk_stream(
     engine: EngineHandle,
-    bucket: String,
-    key: String,
+    key: StoreKey,
     next: u64,
     end: u64,
     version: (u64, u64),
@@ -117,14 +117,16 @@ fn chunk_stream(
                 start: next,
                 end: Some(stop.min(end)),
             };
-            let read = engine.get_versioned(&bucket, &key, Some(range)).await;
+            let read = engine.get_versioned_key(key.clone(), Some(range)).await;
             let part = match read {
                 Ok(Some(((meta, data), tag))) if (meta.seq, tag) == version && !data.is_empty() => {
                     next += data.len() as u64;
                     Ok(Bytes::from(data))
                 }
                 Ok(Some(_)) | Ok(None) => Err(std::io::Error::other(format!(
-                    "{bucket}/{key} changed while it was being read"
+                    "{}/{} changed while it was being read",
+                    key.bucket(),
+                    key.key()
                 ))),
                 Err(error) => Err(std::io::Error::other(error.to_string())),
             };
@@ -142,6 +144,7 @@ fn chunk_stream(
 /// A body of `bytes` bytes made of `first` (read already) and the rest, read as it is sent.
 fn body_of(
     engine: &EngineHandle,
+    key: StoreKey,
     meta: &ObjectMeta,
     tag: u64,
     first: Vec<u8>,
@@ -153,21 +156,16 @@ fn body_of(
     if first_end >= end {
         return StreamingBlob::wrap(head);
     }
-    let rest = chunk_stream(
-        engine.clone(),
-        meta.bucket.clone(),
-        meta.key.clone(),
-        first_end,
-        end,
-        (meta.seq, tag),
-    );
+    let rest = chunk_stream(engine.clone(), key, first_end, end, (meta.seq, tag));
     StreamingBlob::wrap(head.chain(rest))
 }
 
 /// The checksums a PUT's sender gave (in headers, or promised in a trailer) and the digests
 /// computed of the bytes as they arrive; compared before the object is stored.
-struct BodyCheck {
-    md5: Option<(s3s::crypto::Md5, String)>,
+pub(super) struct BodyCheck {
+    /// The MD5 of the body, computed when the sender gave one (Content-MD5) or the caller
+    /// needs it (a part's ETag), and the one the sender gave.
+    md5: Option<(s3s::crypto::Md5, Option<String>)>,
     hasher: s3s::checksum::ChecksumHasher,
     expected: Checksum,
     /// The trailer header that carries the checksum, when it comes after the body.
@@ -175,10 +173,12 @@ struct BodyCheck {
 }
 
 impl BodyCheck {
-    fn new(
+    /// `md5`: compute the body's MD5 even when the sender gave none.
+    pub(super) fn new(
         headers: &hyper::HeaderMap,
         content_md5: Option<String>,
         expected: Checksum,
+        md5: bool,
     ) -> S3Result<BodyCheck> {
         use s3s::crypto::Checksum as _;
         let trailer = headers
@@ -219,8 +219,9 @@ impl BodyCheck {
                 ));
             }
         }
+        let md5 = (md5 || content_md5.is_some()).then(|| (s3s::crypto::Md5::new(), content_md5));
         Ok(BodyCheck {
-            md5: content_md5.map(|wanted| (s3s::crypto::Md5::new(), wanted)),
+            md5,
             hasher,
             expected,
             trailer,
@@ -237,17 +238,20 @@ impl BodyCheck {
 
     /// Compare, once the body (and its trailer) has arrived; the checksums the object was
     /// stored with.
-    fn finish(mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Checksum> {
+    fn finish(mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Verified> {
         use s3s::crypto::Checksum as _;
+        let mut md5_digest = None;
         if let Some((md5, wanted)) = self.md5.take() {
-            let digest = md5.finalize();
-            let got = base64_simd::STANDARD.encode_to_string(digest.as_ref() as &[u8]);
-            if got != wanted {
-                return Err(s3_error!(
-                    BadDigest,
-                    "the Content-MD5 you sent does not match the body"
-                ));
+            let digest: [u8; 16] = md5.finalize();
+            if let Some(wanted) = wanted {
+                if base64_simd::STANDARD.encode_to_string(digest) != wanted {
+                    return Err(s3_error!(
+                        BadDigest,
+                        "the Content-MD5 you sent does not match the body"
+                    ));
+                }
             }
+            md5_digest = Some(digest);
         }
         if let Some(name) = &self.trailer {
             let value = trailers
@@ -305,8 +309,18 @@ impl BodyCheck {
                 }
             }
         }
-        Ok(got)
+        Ok(Verified {
+            sums: got,
+            md5: md5_digest,
+        })
     }
+}
+
+/// What a body's check found: its checksums, and its MD5 when it was computed.
+#[derive(Default)]
+pub(super) struct Verified {
+    pub sums: Checksum,
+    pub md5: Option<[u8; 16]>,
 }
 
 /// A body's bytes as they arrive, in pieces of at most `want` bytes (a piece is split when it
@@ -384,15 +398,14 @@ impl Gateway {
 
     /// Store `bytes` bytes from `body` as `bucket/key`, checked by `check` before the version
     /// becomes visible; nothing is stored when the body is short, long or fails its check.
-    async fn store<S>(
+    pub(super) async fn store<S>(
         &self,
-        bucket: &str,
-        key: &str,
+        key: StoreKey,
         bytes: u64,
         body: S,
         mut check: BodyCheck,
         trailers: Option<&s3s::TrailingHeaders>,
-    ) -> S3Result<(ObjectMeta, Checksum)>
+    ) -> S3Result<(ObjectMeta, Verified)>
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
     {
@@ -417,16 +430,12 @@ impl Gateway {
                 return Err(long(bytes));
             }
             let sums = check.finish(trailers)?;
-            let meta = self
-                .engine
-                .put(bucket, key, data)
-                .await
-                .map_err(engine_error)?;
+            let meta = self.engine.put_key(key, data).await.map_err(engine_error)?;
             return Ok((meta, sums));
         }
         let (sink, done) = self
             .engine
-            .put_stream(bucket, key, bytes)
+            .put_stream_key(key, bytes)
             .map_err(engine_error)?;
         let done = tokio::spawn(done);
         let mut sent = 0u64;
@@ -479,6 +488,12 @@ impl Gateway {
         Ok((meta, sums.unwrap_or_default()))
     }
 
+    /// The engine's key of a client's `bucket/key` (InvalidArgument for a name the grammar
+    /// refuses).
+    pub(super) fn key_of(bucket: &str, key: &str) -> S3Result<StoreKey> {
+        StoreKey::new(bucket, key).map_err(engine_error)
+    }
+
     /// The whole object or a range of it, with its metadata.
     async fn read(
         &self,
@@ -486,6 +501,7 @@ impl Gateway {
         key: &str,
         range: Option<Range>,
     ) -> S3Result<(ObjectMeta, u64, StreamingBlob, Option<std::ops::Range<u64>>)> {
+        let store_key = Self::key_of(bucket, key)?;
         let chunk = self.engine.chunk_bytes();
         // The first read: the range's first chunk (the object's, for a suffix or no range).
         let start = match range {
@@ -501,9 +517,8 @@ impl Gateway {
         };
         let first = self
             .engine
-            .get_versioned(
-                bucket,
-                key,
+            .get_versioned_key(
+                store_key.clone(),
                 Some(ByteRange {
                     start: start.min(first_end),
                     end: Some(first_end),
@@ -525,19 +540,12 @@ impl Gateway {
         };
         let body = if matches!(range, Some(Range::Suffix { .. })) && start != 0 {
             // The first read was the object's first chunk: read from the suffix's start.
-            let rest = chunk_stream(
-                self.engine.clone(),
-                meta.bucket.clone(),
-                meta.key.clone(),
-                start,
-                end,
-                (meta.seq, tag),
-            );
+            let rest = chunk_stream(self.engine.clone(), store_key, start, end, (meta.seq, tag));
             StreamingBlob::wrap(rest)
         } else {
             let mut data = data;
             data.truncate((end - start) as usize);
-            body_of(&self.engine, &meta, tag, data, start, end)
+            body_of(&self.engine, store_key, &meta, tag, data, start, end)
         };
         Ok((meta, tag, body, resolved))
     }
@@ -559,7 +567,7 @@ fn no_such_key(bucket: &str, key: &str) -> s3s::S3Error {
 
 impl BodyCheck {
     /// A check already made, carrying the checksums it verified.
-    fn empty(sums: Checksum) -> BodyCheck {
+    pub(super) fn empty(sums: Checksum) -> BodyCheck {
         BodyCheck {
             md5: None,
             hasher: Default::default(),
@@ -571,7 +579,10 @@ impl BodyCheck {
 
 /// The size a PUT announces: the decoded length of an `aws-chunked` body, else its
 /// Content-Length.
-fn announced_bytes(headers: &hyper::HeaderMap, content_length: Option<i64>) -> S3Result<u64> {
+pub(super) fn announced_bytes(
+    headers: &hyper::HeaderMap,
+    content_length: Option<i64>,
+) -> S3Result<u64> {
     let decoded = headers
         .get("x-amz-decoded-content-length")
         .and_then(|value| value.to_str().ok())
@@ -591,7 +602,7 @@ fn announced_bytes(headers: &hyper::HeaderMap, content_length: Option<i64>) -> S
 }
 
 /// An `aws-chunked` body that no key decoded: storing it would store its framing.
-fn refuse_undecoded(
+pub(super) fn refuse_undecoded(
     headers: &hyper::HeaderMap,
     trailers: &Option<s3s::TrailingHeaders>,
 ) -> S3Result<()> {
@@ -608,13 +619,20 @@ fn refuse_undecoded(
     Ok(())
 }
 
-fn checksum_of_put(input: &PutObjectInput) -> Checksum {
+/// The checksums a request's headers gave.
+pub(super) fn checksum_of(
+    crc32: &Option<String>,
+    crc32c: &Option<String>,
+    crc64nvme: &Option<String>,
+    sha1: &Option<String>,
+    sha256: &Option<String>,
+) -> Checksum {
     Checksum {
-        checksum_crc32: input.checksum_crc32.clone(),
-        checksum_crc32c: input.checksum_crc32c.clone(),
-        checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-        checksum_sha1: input.checksum_sha1.clone(),
-        checksum_sha256: input.checksum_sha256.clone(),
+        checksum_crc32: crc32.clone(),
+        checksum_crc32c: crc32c.clone(),
+        checksum_crc64nvme: crc64nvme.clone(),
+        checksum_sha1: sha1.clone(),
+        checksum_sha256: sha256.clone(),
         ..Default::default()
     }
 }
@@ -725,21 +743,22 @@ impl S3 for Gateway {
         let check = BodyCheck::new(
             &req.headers,
             input.content_md5.clone(),
-            checksum_of_put(&input),
+            checksum_of(
+                &input.checksum_crc32,
+                &input.checksum_crc32c,
+                &input.checksum_crc64nvme,
+                &input.checksum_sha1,
+                &input.checksum_sha256,
+            ),
+            false,
         )?;
         let body = input
             .body
             .map(|body| body.boxed())
             .unwrap_or_else(|| futures::stream::empty().boxed());
-        let (meta, sums) = self
-            .store(
-                &input.bucket,
-                &input.key,
-                bytes,
-                body,
-                check,
-                req.trailing_headers.as_ref(),
-            )
+        let key = Self::key_of(&input.bucket, &input.key)?;
+        let (meta, Verified { sums, .. }) = self
+            .store(key, bytes, body, check, req.trailing_headers.as_ref())
             .await?;
         let output = PutObjectOutput {
             e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
@@ -865,8 +884,7 @@ impl S3 for Gateway {
         let check = BodyCheck::empty(Checksum::default());
         let (stored, _) = self
             .store(
-                &input.bucket,
-                &input.key,
+                Self::key_of(&input.bucket, &input.key)?,
                 meta.bytes,
                 body.boxed(),
                 check,
@@ -924,6 +942,48 @@ impl S3 for Gateway {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         buckets::list_objects_v2(self, req).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.create_upload(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.put_part(req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.complete_upload(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.abort_upload(req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.list_upload_parts(req).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.list_uploads(req).await
     }
 
     async fn get_bucket_location(
