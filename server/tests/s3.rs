@@ -1,17 +1,24 @@
-//! The S3 endpoint of a real `hydrant-server` process, driven by real S3 clients (boto3).
+//! The S3 endpoint of a real `hydrant-server` process, driven by real S3 clients (boto3), alone
+//! and in front of an S3 origin (moto's server, `HYDRANT_TEST_S3_ENDPOINT` or one of its own).
 
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
-use common::{Scratch, ServerProcess};
+use common::{S3Server, Scratch, ServerProcess};
 
 /// Run one of the Python scripts beside this file against `endpoint`; it asserts and exits 0.
 fn run_script(script: &str, endpoint: &str) {
+    run_script_with(script, &[endpoint]);
+}
+
+/// Run one of the Python scripts beside this file with `arguments`; it asserts and exits 0.
+fn run_script_with(script: &str, arguments: &[&str]) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/").to_string() + script;
     let output = Command::new("python3")
         .arg(&path)
-        .arg(endpoint)
+        .args(arguments)
         .output()
         .expect("python3 runs (scripts/test installs boto3)");
     assert!(
@@ -34,4 +41,117 @@ fn boto3_serves_every_object_and_bucket_operation() {
             .expect("the server says where S3 listens")
     );
     run_script("boto3_objects.py", &endpoint);
+}
+
+/// The origin's bucket in the S3 server, which other tests share: a name only this test uses.
+const ORIGIN_BUCKET: &str = "hydrant-s3-endpoint-origin";
+
+/// The S3 endpoint in front of an S3 origin (moto's server, reached through hydrant's fault
+/// proxy): objects put straight into the origin are read through hydrant whole and by range;
+/// objects put through hydrant into a write-back bucket while the origin is down are
+/// acknowledged, and reach the origin byte-exact after it is back and FLUSH (the large ones in
+/// parts); deletes through hydrant delete at the origin. boto3 does the S3 side in three
+/// phases; the FLUSH between the second and the third is a native-protocol request.
+#[test]
+fn boto3_reads_through_and_writes_back_to_an_s3_origin() {
+    let s3 = S3Server::start();
+    s3.create_bucket(ORIGIN_BUCKET);
+    let mut proxy_config = hydrant_fault_proxy::Config::new(s3.address());
+    proxy_config.settings.delay = hydrant_fault_proxy::DelayRange::NONE;
+    let proxy = hydrant_fault_proxy::start(proxy_config).unwrap();
+    let set_proxy = |query: &str| {
+        proxy
+            .set_config(hydrant_fault_proxy::ConfigUpdate::from_query(query).unwrap())
+            .unwrap()
+    };
+    let mut env = s3.env();
+    for (name, value) in &mut env {
+        if *name == "AWS_ENDPOINT" {
+            *value = format!("http://{}", proxy.addr());
+        }
+    }
+    let scratch = Scratch::new("s3-origin");
+    let origin_prefix = "cache";
+    let bucket = "remote";
+    let route = format!("{bucket}=s3://{ORIGIN_BUCKET}/{origin_prefix},write=back");
+    let server = ServerProcess::start(
+        scratch.path(),
+        1024,
+        &[
+            "--s3-listen",
+            "127.0.0.1:0",
+            "--origin",
+            "none",
+            "--bucket",
+            &route,
+        ],
+        &env,
+    );
+    let endpoint = format!(
+        "http://{}",
+        server
+            .s3_address
+            .as_deref()
+            .expect("the server says where S3 listens")
+    );
+    // The script reaches the origin directly, never through the proxy.
+    let phase = |name: &str| {
+        run_script_with(
+            "boto3_origin.py",
+            &[
+                name,
+                &endpoint,
+                &s3.endpoint,
+                ORIGIN_BUCKET,
+                origin_prefix,
+                bucket,
+            ],
+        )
+    };
+    phase("read");
+    let origin_gets = proxy
+        .stats()
+        .method(hydrant_fault_proxy::Method::Get)
+        .requests;
+    assert!(origin_gets > 0, "the reads reached the origin");
+
+    // Written back: acknowledged from NVMe while every origin request fails.
+    set_proxy("fault_rate=1&faults=503");
+    phase("write");
+    let written = [
+        "written/small-default",
+        "written/large-default",
+        "written/large-sha256",
+    ]
+    .map(|key| format!("{origin_prefix}/{key}"));
+    let at_origin = s3.list(ORIGIN_BUCKET);
+    for key in &written {
+        assert!(
+            !at_origin.contains(key),
+            "{key} reached an origin that refused every request: {at_origin:?}"
+        );
+    }
+    assert!(
+        proxy.stats().total.faulted > 0,
+        "uploads were tried and failed"
+    );
+    set_proxy("fault_rate=0");
+    server
+        .client()
+        .flush(Some(bucket), "", Duration::from_secs(120))
+        .expect("FLUSH: every write-back upload of the bucket finished");
+    // Seen apart from the script too: the writes are at the origin now, under the prefix.
+    let at_origin = s3.list(ORIGIN_BUCKET);
+    for key in &written {
+        assert!(
+            at_origin.contains(key),
+            "{key} at the origin: {at_origin:?}"
+        );
+    }
+    phase("flushed");
+    assert_eq!(
+        s3.list(ORIGIN_BUCKET),
+        Vec::<String>::new(),
+        "deletes through hydrant left nothing at the origin"
+    );
 }
