@@ -6,6 +6,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use common::{Scratch, ServerProcess};
 
@@ -67,6 +68,38 @@ fn boto3_multipart_uploads_survive_a_sigkill_and_complete_after_restart() {
             .output()
             .expect("python3 runs"),
     );
+    // The default origin (a folder beside the device, write-back) gets the completed objects
+    // and nothing of the parts, before or after the restart.
+    server
+        .client()
+        .flush(None, "", Duration::from_secs(120))
+        .expect("FLUSH");
+    let origin = scratch.path().join("origin");
+    let mut files = Vec::new();
+    collect_files(&origin, &origin, &mut files);
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "s3-multipart/checkpoints/step-100/model.pt",
+            "s3-multipart/datasets/shard-000.tar",
+            "s3-multipart/pending/across-restart.bin",
+        ]
+    );
+    let model = std::fs::metadata(origin.join("s3-multipart/checkpoints/step-100/model.pt"));
+    assert_eq!(model.unwrap().len(), (11 << 20) + 1 + 7);
+}
+
+/// Every file under `directory`, as paths relative to `root`.
+fn collect_files(root: &Path, directory: &Path, into: &mut Vec<String>) {
+    for entry in std::fs::read_dir(directory).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_files(root, &path, into);
+        } else {
+            into.push(path.strip_prefix(root).unwrap().display().to_string());
+        }
+    }
 }
 
 /// The AWS CLI, unsigned, against `endpoint`.
