@@ -324,6 +324,7 @@ struct Scrape {
     shards: Vec<(ShardStats, ServerCounters)>,
     origin: Option<hydrant_engine::OriginStats>,
     refused: Vec<hydrant_engine::FailedUpload>,
+    s3: Option<crate::s3::S3Snapshot>,
 }
 
 /// The value of one sample, as its metric type encodes it.
@@ -388,6 +389,9 @@ impl Collector for Scrape {
         encode_latency(&mut encoder, shards)?;
         if let Some(origin) = &self.origin {
             encode_origin(&mut encoder, origin)?;
+        }
+        if let Some(s3) = &self.s3 {
+            encode_s3(&mut encoder, s3)?;
         }
         encode_refused(&mut encoder, &self.refused)
     }
@@ -524,6 +528,50 @@ fn encode_latency(
     Ok(())
 }
 
+/// The S3 endpoint: requests per operation, answers per status class, connections.
+fn encode_s3(encoder: &mut DescriptorEncoder, s3: &crate::s3::S3Snapshot) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "hydrant_s3_requests",
+        "S3 requests, per operation (other: any operation not named).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (operation, count) in &s3.operations {
+        metric
+            .encode_family(&[("operation", *operation)])?
+            .encode_counter::<NoLabelSet, u64, u64>(count, None)?;
+    }
+    let mut metric = encoder.encode_descriptor(
+        "hydrant_s3_answers",
+        "S3 answers, per status class (5xx: the node's trouble; 503 SlowDown when the dirty budget is full).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (class, count) in crate::s3::S3_ANSWER_CLASSES.iter().zip(&s3.answers) {
+        metric
+            .encode_family(&[("status", *class)])?
+            .encode_counter::<NoLabelSet, u64, u64>(count, None)?;
+    }
+    single(
+        encoder,
+        (
+            "hydrant_s3_connections",
+            MetricType::Counter,
+            "S3 connections accepted.",
+        ),
+        s3.connections,
+    )?;
+    single(
+        encoder,
+        (
+            "hydrant_s3_connections_refused",
+            MetricType::Counter,
+            "S3 connections closed on arrival because the endpoint served its most at once.",
+        ),
+        s3.refused_connections,
+    )
+}
+
 /// One gauge per refused write, named by labels (at most `REFUSED_NAMED_MAX`).
 fn encode_refused(
     encoder: &mut DescriptorEncoder,
@@ -586,6 +634,7 @@ pub fn gather(
             shards,
             origin,
             refused,
+            s3: crate::s3::S3_COUNTERS.snapshot(),
         }))
     }
 }
@@ -705,6 +754,12 @@ mod tests {
                 bytes: 42,
                 reason: "no permission".into(),
             }],
+            s3: Some(crate::s3::S3Snapshot {
+                operations: vec![("GetObject", 12), ("UploadPart", 3)],
+                answers: [14, 0, 1, 0],
+                connections: 2,
+                refused_connections: 0,
+            }),
         }
     }
 
@@ -729,6 +784,9 @@ mod tests {
             "hydrant_request_duration_seconds_count{operation=\"Get\"} 7",
             // A refused key's quote, newline and backslash are escaped.
             "hydrant_upload_refused_bytes{bucket=\"b\",key=\"a \\\"quoted\\\"\\nkey\\\\\"} 42",
+            "hydrant_s3_requests_total{operation=\"UploadPart\"} 3",
+            "hydrant_s3_answers_total{status=\"4xx\"} 1",
+            "hydrant_s3_connections_total 2",
         ] {
             assert!(lines.contains(&expected), "{expected}\n{text}");
         }

@@ -68,6 +68,19 @@ fn boto3_multipart_uploads_survive_a_sigkill_and_complete_after_restart() {
             .output()
             .expect("python3 runs"),
     );
+    // Counted by operation since the restart: the finishing part and the completion.
+    let (_, metrics) = server.client().stats().unwrap().remove(0);
+    for expected in [
+        "hydrant_s3_requests_total{operation=\"UploadPart\"} 1",
+        "hydrant_s3_requests_total{operation=\"CompleteMultipartUpload\"} 1",
+        "hydrant_s3_requests_total{operation=\"ListMultipartUploads\"} 2",
+    ] {
+        assert!(
+            metrics.lines().any(|line| line == expected),
+            "{expected}\n{metrics}"
+        );
+    }
+    assert!(server.metric("hydrant_s3_answers_total") >= 6);
     // The default origin (a folder beside the device, write-back) gets the completed objects
     // and nothing of the parts, before or after the restart.
     server

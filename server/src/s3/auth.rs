@@ -24,7 +24,7 @@ use s3s::auth::{S3Auth, SecretKey};
 use s3s::path::S3Path;
 use s3s::{s3_error, S3Result};
 
-use super::{Peer, S3Counters};
+use super::{Peer, S3_COUNTERS};
 
 /// Bytes of a secret access key at least.
 const SECRET_BYTES_MIN: usize = 16;
@@ -126,6 +126,13 @@ impl Credentials {
         })
     }
 
+    /// No keys: every signature is refused (the endpoint serves anonymous loopback requests).
+    pub(crate) fn none() -> Credentials {
+        Credentials {
+            keys: Arc::new(HashMap::new()),
+        }
+    }
+
     /// Whether `access_key` may read (or, with `write`, write) `bucket`.
     pub(crate) fn allows(&self, access_key: &str, bucket: &str, write: bool) -> bool {
         self.keys.get(access_key).is_some_and(|grant| {
@@ -164,13 +171,12 @@ pub(crate) fn chunk_signed(headers: &hyper::HeaderMap) -> bool {
 /// counts the request by operation.
 pub(crate) struct Access {
     pub credentials: Option<Credentials>,
-    pub counters: Arc<S3Counters>,
 }
 
 #[async_trait::async_trait]
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        self.counters.count(operation_name(cx.s3_op().name()));
+        S3_COUNTERS.count(operation_name(cx.s3_op().name()));
         let Some(credentials) = &self.credentials else {
             let loopback = cx
                 .extensions_mut()

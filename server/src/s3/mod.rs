@@ -22,7 +22,7 @@ mod multipart;
 mod objects;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,27 +56,70 @@ pub struct S3Config {
     pub required: bool,
 }
 
-/// Requests per S3 operation since the start (for the metrics endpoint).
-#[derive(Default)]
+/// The S3 endpoint's counters since the start, for the metrics (one endpoint per process).
+pub static S3_COUNTERS: S3Counters = S3Counters::new();
+
+/// Requests per S3 operation, answers per status class, connections.
 pub struct S3Counters {
+    /// Whether an endpoint started (the metrics show S3's families only then).
+    started: AtomicBool,
     operations: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
-    pub refused_connections: AtomicU64,
-    pub connections: AtomicU64,
+    /// Answers by status class: 2xx, 3xx, 4xx, 5xx.
+    answers: [AtomicU64; 4],
+    refused_connections: AtomicU64,
+    connections: AtomicU64,
 }
 
+/// What the metrics show of the S3 endpoint.
+#[derive(Debug, Default)]
+pub struct S3Snapshot {
+    /// (operation, requests), by name.
+    pub operations: Vec<(&'static str, u64)>,
+    /// Answers with status 2xx, 3xx, 4xx and 5xx.
+    pub answers: [u64; 4],
+    pub connections: u64,
+    pub refused_connections: u64,
+}
+
+/// The status classes of `S3Counters::answers`, as the metrics label them.
+pub const S3_ANSWER_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
 impl S3Counters {
+    const fn new() -> S3Counters {
+        S3Counters {
+            started: AtomicBool::new(false),
+            operations: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            answers: [const { AtomicU64::new(0) }; 4],
+            refused_connections: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+        }
+    }
+
     fn count(&self, operation: &'static str) {
         let mut operations = self.operations.lock().expect("counters lock");
         *operations.entry(operation).or_insert(0) += 1;
     }
 
-    /// (operation, requests) for every operation seen, by name.
-    pub fn operations(&self) -> Vec<(&'static str, u64)> {
+    fn count_answer(&self, status: hyper::StatusCode) {
+        let class = (status.as_u16() / 100).clamp(2, 5) as usize - 2;
+        self.answers[class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What an endpoint counted, or `None` when none started.
+    pub fn snapshot(&self) -> Option<S3Snapshot> {
+        if !self.started.load(Ordering::Relaxed) {
+            return None;
+        }
         let operations = self.operations.lock().expect("counters lock");
-        operations
-            .iter()
-            .map(|(name, count)| (*name, *count))
-            .collect()
+        Some(S3Snapshot {
+            operations: operations
+                .iter()
+                .map(|(name, count)| (*name, *count))
+                .collect(),
+            answers: std::array::from_fn(|class| self.answers[class].load(Ordering::Relaxed)),
+            connections: self.connections.load(Ordering::Relaxed),
+            refused_connections: self.refused_connections.load(Ordering::Relaxed),
+        })
     }
 }
 
@@ -85,7 +128,6 @@ pub struct S3Endpoint {
     address: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    pub counters: Arc<S3Counters>,
 }
 
 impl S3Endpoint {
@@ -106,19 +148,16 @@ impl S3Endpoint {
             .enable_time()
             .build()
             .map_err(|error| format!("cannot start the S3 endpoint's threads: {error}"))?;
-        let counters = Arc::new(S3Counters::default());
-        let service = build_service(&config, engine, counters.clone());
+        S3_COUNTERS.started.store(true, Ordering::Relaxed);
+        let service = build_service(&config, engine);
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let loop_counters = counters.clone();
         let open = config.credentials.is_none();
         let thread = std::thread::Builder::new()
             .name("hydrant-s3-accept".into())
             .spawn(move || {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => {
-                            accept(listener, service, loop_counters, stopped, open).await
-                        }
+                        Ok(listener) => accept(listener, service, stopped, open).await,
                         Err(error) => log::error!("the S3 endpoint cannot listen: {error}"),
                     }
                 });
@@ -129,7 +168,6 @@ impl S3Endpoint {
             address,
             stop: Some(stop),
             thread: Some(thread),
-            counters,
         })
     }
 
@@ -157,11 +195,7 @@ impl Drop for S3Endpoint {
     }
 }
 
-fn build_service(
-    config: &S3Config,
-    engine: EngineHandle,
-    counters: Arc<S3Counters>,
-) -> s3s::service::S3Service {
+fn build_service(config: &S3Config, engine: EngineHandle) -> s3s::service::S3Service {
     let gateway = objects::Gateway::new(engine, config.credentials.clone());
     let mut builder = s3s::service::S3ServiceBuilder::new(gateway);
     let mut s3_config = s3s::config::S3Config::default();
@@ -169,12 +203,12 @@ fn build_service(
     builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
         s3_config,
     ))));
-    if let Some(credentials) = &config.credentials {
-        builder.set_auth(credentials.clone());
-    }
+    // s3s asks `Access` only when it has an auth provider: without keys, one that knows none
+    // (the signatures of loopback requests are taken off before, see `prepare`), so that the
+    // loopback-only rule is applied to every request.
+    builder.set_auth(config.credentials.clone().unwrap_or_else(Credentials::none));
     builder.set_access(auth::Access {
         credentials: config.credentials.clone(),
-        counters,
     });
     builder.build()
 }
@@ -184,7 +218,6 @@ fn build_service(
 async fn accept(
     listener: tokio::net::TcpListener,
     service: s3s::service::S3Service,
-    counters: Arc<S3Counters>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     open: bool,
 ) {
@@ -203,11 +236,13 @@ async fn accept(
             },
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            counters.refused_connections.fetch_add(1, Ordering::Relaxed);
+            S3_COUNTERS
+                .refused_connections
+                .fetch_add(1, Ordering::Relaxed);
             drop(stream);
             continue;
         };
-        counters.connections.fetch_add(1, Ordering::Relaxed);
+        S3_COUNTERS.connections.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let service = service.clone();
         tokio::spawn(async move {
@@ -215,7 +250,11 @@ async fn accept(
                 let service = service.clone();
                 async move {
                     let request = prepare(request, peer, open);
-                    hyper::service::Service::call(&service, request).await
+                    let answer = hyper::service::Service::call(&service, request).await;
+                    if let Ok(answer) = &answer {
+                        S3_COUNTERS.count_answer(answer.status());
+                    }
+                    answer
                 }
             });
             let connection = hyper::server::conn::http1::Builder::new()
