@@ -42,6 +42,9 @@ const S3_HEADER_BYTES_MAX: usize = 64 << 10;
 /// How long a connection may take to send a request's headers (and may stay idle between
 /// requests) before it is closed.
 const S3_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request's body may send nothing before the request ends with RequestTimeout
+/// (and its connection with it).
+const S3_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of an XML request body (DeleteObjects, CompleteMultipartUpload) at most.
 const S3_XML_BYTES_MAX: usize = 4 << 20;
 

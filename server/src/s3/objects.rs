@@ -324,10 +324,34 @@ pub(super) struct Verified {
 }
 
 /// A body's bytes as they arrive, in pieces of at most `want` bytes (a piece is split when it
-/// crosses a chunk's end).
+/// crosses a chunk's end). A body that sends nothing for `S3_BODY_IDLE_TIMEOUT` ends the
+/// request: a stalled sender must not hold its connection, its memory and its share of the
+/// dirty budget for ever.
 struct Pieces<S> {
     stream: S,
     left: Option<Bytes>,
+}
+
+impl<S> Pieces<S>
+where
+    S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+{
+    /// The next piece of the body (`None` at its end), or RequestTimeout or IncompleteBody.
+    async fn next_piece(&mut self) -> S3Result<Option<Bytes>> {
+        match tokio::time::timeout(super::S3_BODY_IDLE_TIMEOUT, self.stream.next()).await {
+            Err(_) => Err(s3_error!(
+                RequestTimeout,
+                "the body sent nothing for {} s",
+                super::S3_BODY_IDLE_TIMEOUT.as_secs()
+            )),
+            Ok(Some(Ok(piece))) => Ok(Some(piece)),
+            Ok(Some(Err(error))) => Err(s3_error!(
+                IncompleteBody,
+                "the body could not be read: {error}"
+            )),
+            Ok(None) => Ok(None),
+        }
+    }
 }
 
 impl<S> Pieces<S>
@@ -344,14 +368,8 @@ where
         while into.len() < want {
             let mut piece = match self.left.take() {
                 Some(piece) => piece,
-                None => match self.stream.next().await {
-                    Some(Ok(piece)) => piece,
-                    Some(Err(error)) => {
-                        return Err(s3_error!(
-                            IncompleteBody,
-                            "the body could not be read: {error}"
-                        ))
-                    }
+                None => match self.next_piece().await? {
+                    Some(piece) => piece,
                     None => return Ok(()),
                 },
             };
@@ -371,14 +389,8 @@ where
             if self.left.as_ref().is_some_and(|left| !left.is_empty()) {
                 return Ok(true);
             }
-            match self.stream.next().await {
-                Some(Ok(piece)) => self.left = Some(piece),
-                Some(Err(error)) => {
-                    return Err(s3_error!(
-                        IncompleteBody,
-                        "the body could not be read: {error}"
-                    ))
-                }
+            match self.next_piece().await? {
+                Some(piece) => self.left = Some(piece),
                 None => return Ok(false),
             }
         }
@@ -421,16 +433,21 @@ impl Gateway {
             )
         };
         if bytes <= chunk_bytes {
-            let mut data = Vec::with_capacity(bytes as usize);
-            pieces.fill(&mut data, bytes as usize, &mut check).await?;
-            if (data.len() as u64) < bytes {
-                return Err(short(data.len() as u64));
+            // Within the node's bound on streamed bytes too, until the put is done.
+            let mut room = self.streamed_chunk(bytes as usize).await;
+            pieces
+                .fill(&mut room.data, bytes as usize, &mut check)
+                .await?;
+            if (room.data.len() as u64) < bytes {
+                return Err(short(room.data.len() as u64));
             }
             if pieces.has_more().await? {
                 return Err(long(bytes));
             }
             let sums = check.finish(trailers)?;
+            let data = std::mem::take(&mut room.data);
             let meta = self.engine.put_key(key, data).await.map_err(engine_error)?;
+            drop(room);
             return Ok((meta, sums));
         }
         let (sink, done) = self
