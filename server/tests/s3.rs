@@ -43,6 +43,22 @@ fn boto3_serves_every_object_and_bucket_operation() {
     run_script("boto3_objects.py", &endpoint);
 }
 
+/// s3torchconnector (the AWS connector for PyTorch, on the CRT), unchanged: its map and
+/// iterable datasets over 1,000 objects, a DataLoader with workers, and S3Checkpoint.
+#[test]
+fn s3torchconnector_reads_datasets_and_writes_checkpoints() {
+    let scratch = Scratch::new("s3-torchconnector");
+    let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    let endpoint = format!(
+        "http://{}",
+        server
+            .s3_address
+            .as_deref()
+            .expect("the server says where S3 listens")
+    );
+    run_script("s3torchconnector_datasets.py", &endpoint);
+}
+
 /// The origin's bucket in the S3 server, which other tests share: a name only this test uses.
 const ORIGIN_BUCKET: &str = "hydrant-s3-endpoint-origin";
 

@@ -184,7 +184,9 @@ fn wants_url(encoding: &Option<EncodingType>) -> bool {
 
 fn object_of(meta: ObjectMeta, url: bool) -> Object {
     Object {
-        e_tag: (meta.seq != 0).then(|| etag_of(meta.seq, 0, meta.bytes)),
+        // Every entry has one (SDKs require it); an object listed from the origin has no
+        // version here, and its ETag says so.
+        e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
         key: Some(encoded(meta.key, url)),
         size: Some(meta.bytes as i64),
         last_modified: Some(last_modified()),

@@ -253,9 +253,11 @@ async fn accept(
                 let service = service.clone();
                 async move {
                     let request = prepare(request, peer, open);
-                    let answer = hyper::service::Service::call(&service, request).await;
-                    if let Ok(answer) = &answer {
+                    let range = request.headers().get(hyper::header::RANGE).cloned();
+                    let mut answer = hyper::service::Service::call(&service, request).await;
+                    if let Ok(answer) = &mut answer {
                         S3_COUNTERS.count_answer(answer.status());
+                        with_object_size(answer, range);
                     }
                     answer
                 }
@@ -271,6 +273,40 @@ async fn accept(
             drop(permit);
         });
     }
+}
+
+/// The header by which a read's InvalidRange error carries the object's size to
+/// `with_object_size` (never sent to the client).
+const ACTUAL_OBJECT_SIZE_HEADER: &str = "x-hydrant-actual-object-size";
+
+/// An InvalidRange answer as S3 writes it, with the range asked for and the object's size:
+/// SDKs read a 416 for a range of an empty object as the empty object only when the error says
+/// its size is 0 (s3s writes only the code and the message).
+fn with_object_size(answer: &mut s3s::HttpResponse, range: Option<hyper::header::HeaderValue>) {
+    let Some(size) = answer.headers_mut().remove(ACTUAL_OBJECT_SIZE_HEADER) else {
+        return;
+    };
+    let size = size.to_str().unwrap_or("0").to_string();
+    let range = range
+        .as_ref()
+        .and_then(|range| range.to_str().ok())
+        .unwrap_or_default();
+    let escaped = range
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    answer.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/xml"),
+    );
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InvalidRange</Code><Message>The requested range is not satisfiable</Message><RangeRequested>{escaped}</RangeRequested><ActualObjectSize>{size}</ActualObjectSize></Error>"
+    );
+    answer.headers_mut().insert(
+        hyper::header::CONTENT_LENGTH,
+        hyper::header::HeaderValue::from(body.len()),
+    );
+    *answer.body_mut() = s3s::Body::from(body);
 }
 
 /// The peer of a request, for the access check.

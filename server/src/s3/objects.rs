@@ -80,17 +80,25 @@ fn check_if_none_match(condition: Option<&ETagCondition>, etag: &ETag) -> S3Resu
     }
 }
 
-/// A read's range resolved against the object's size: `start..end`, or InvalidRange.
+/// A read's range resolved against the object's size: `start..end`, or InvalidRange (which
+/// carries the size, see `super::with_object_size`).
 fn resolve(range: Option<Range>, size: u64) -> S3Result<Option<std::ops::Range<u64>>> {
     match range {
         None => Ok(None),
-        Some(range) => range.check(size).map(Some).map_err(|_| {
-            s3_error!(
-                InvalidRange,
-                "the range is outside an object of {size} bytes"
-            )
-        }),
+        Some(range) => range.check(size).map(Some).map_err(|_| invalid_range(size)),
     }
+}
+
+/// InvalidRange for an object of `size` bytes, carrying the size for S3's error document.
+fn invalid_range(size: u64) -> s3s::S3Error {
+    let mut error = s3_error!(
+        InvalidRange,
+        "the range is outside an object of {size} bytes"
+    );
+    let mut headers = hyper::HeaderMap::new();
+    headers.insert(super::ACTUAL_OBJECT_SIZE_HEADER, size.into());
+    error.set_headers(headers);
+    error
 }
 
 /// Chunks of a GET read ahead of the one being sent.
@@ -546,7 +554,11 @@ impl Gateway {
             Ok(Some(found)) => found,
             Ok(None) => return Err(no_such_key(bucket, key)),
             Err(error) if error.kind() == hydrant_engine::ErrorKind::InvalidRange => {
-                return Err(s3_error!(InvalidRange, "{error}"))
+                let head = self.engine.head_key(store_key).await;
+                return Err(match head {
+                    Ok(Some(meta)) => invalid_range(meta.bytes),
+                    _ => s3_error!(InvalidRange, "{error}"),
+                });
             }
             Err(error) => return Err(engine_error(error)),
         };
@@ -709,7 +721,7 @@ impl S3 for Gateway {
             .ok_or_else(|| no_such_key(&input.bucket, &input.key))?;
         let etag = etag_of(meta.seq, 0, meta.bytes);
         // A HEAD of an object not on NVMe has no version yet: conditions compare with what a
-        // GET would answer only once it is.
+        // GET would answer only once it is. Its ETag says so (SDKs require one).
         if meta.seq != 0 {
             check_if_match(input.if_match.as_ref(), &etag)?;
             check_if_none_match(input.if_none_match.as_ref(), &etag)?;
@@ -717,7 +729,7 @@ impl S3 for Gateway {
         let output = HeadObjectOutput {
             content_length: Some(meta.bytes as i64),
             accept_ranges: Some("bytes".to_string()),
-            e_tag: (meta.seq != 0).then_some(etag),
+            e_tag: Some(etag),
             last_modified: Some(last_modified()),
             ..Default::default()
         };
