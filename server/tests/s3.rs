@@ -33,13 +33,7 @@ fn run_script_with(script: &str, arguments: &[&str]) {
 fn boto3_serves_every_object_and_bucket_operation() {
     let scratch = Scratch::new("s3-boto3");
     let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
-    let endpoint = format!(
-        "http://{}",
-        server
-            .s3_address
-            .as_deref()
-            .expect("the server says where S3 listens")
-    );
+    let endpoint = server.s3_endpoint();
     run_script("boto3_objects.py", &endpoint);
 }
 
@@ -49,13 +43,7 @@ fn boto3_serves_every_object_and_bucket_operation() {
 fn s3torchconnector_reads_datasets_and_writes_checkpoints() {
     let scratch = Scratch::new("s3-torchconnector");
     let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
-    let endpoint = format!(
-        "http://{}",
-        server
-            .s3_address
-            .as_deref()
-            .expect("the server says where S3 listens")
-    );
+    let endpoint = server.s3_endpoint();
     run_script("s3torchconnector_datasets.py", &endpoint);
 }
 
@@ -103,13 +91,7 @@ fn boto3_reads_through_and_writes_back_to_an_s3_origin() {
         ],
         &env,
     );
-    let endpoint = format!(
-        "http://{}",
-        server
-            .s3_address
-            .as_deref()
-            .expect("the server says where S3 listens")
-    );
+    let endpoint = server.s3_endpoint();
     // The script reaches the origin directly, never through the proxy.
     let phase = |name: &str| {
         run_script_with(

@@ -24,16 +24,6 @@ fn checked(what: &str, output: Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn endpoint(server: &ServerProcess) -> String {
-    format!(
-        "http://{}",
-        server
-            .s3_address
-            .as_deref()
-            .expect("the server says where S3 listens")
-    )
-}
-
 /// The server on `directory` (its device kept across restarts), S3 on a port of its own.
 fn start(directory: &Path, data_mib: u64) -> ServerProcess {
     ServerProcess::start(directory, data_mib, &["--s3-listen", "127.0.0.1:0"], &[])
@@ -46,7 +36,11 @@ fn boto3_multipart_uploads_survive_a_sigkill_and_complete_after_restart() {
     let begun = checked(
         "boto3_multipart.py begin",
         Command::new("python3")
-            .args([&script("boto3_multipart.py"), &endpoint(&server), "begin"])
+            .args([
+                &script("boto3_multipart.py"),
+                &server.s3_endpoint(),
+                "begin",
+            ])
             .output()
             .expect("python3 runs (scripts/test installs boto3)"),
     );
@@ -61,7 +55,7 @@ fn boto3_multipart_uploads_survive_a_sigkill_and_complete_after_restart() {
         Command::new("python3")
             .args([
                 &script("boto3_multipart.py"),
-                &endpoint(&server),
+                &server.s3_endpoint(),
                 "finish",
                 pending,
             ])
@@ -177,7 +171,7 @@ fn the_aws_cli_copies_a_gigabyte_in_parts_syncs_lists_and_removes() {
     // The device holds the staged parts and the assembled object side by side (on one shard
     // of two).
     let server = start(scratch.path(), 4096);
-    let endpoint = endpoint(&server);
+    let endpoint = server.s3_endpoint();
     let local = scratch.path().join("local");
     std::fs::create_dir_all(local.join("tree/a/b")).unwrap();
     let big = local.join("big.bin");

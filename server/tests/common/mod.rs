@@ -95,6 +95,16 @@ impl ServerProcess {
         }
     }
 
+    /// The URL of its S3 endpoint (started with `--s3-listen`).
+    pub fn s3_endpoint(&self) -> String {
+        format!(
+            "http://{}",
+            self.s3_address
+                .as_deref()
+                .expect("the server says where S3 listens")
+        )
+    }
+
     pub fn connect(&self) -> TcpStream {
         let stream = TcpStream::connect(&self.address).unwrap();
         stream
