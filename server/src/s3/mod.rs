@@ -11,11 +11,13 @@
 //! - `auth`: keys from `--s3-credentials` and what each may read or write; without keys,
 //!   anonymous requests from loopback only.
 //! - `objects`: GET, HEAD, PUT, DELETE, COPY of objects.
+//! - `body`: a request's body as it arrives, and the checks of its checksums.
 //! - `multipart`: multipart uploads, their parts staged on NVMe until the upload completes.
 //! - `buckets`: the bucket operations and the listings.
 //! - `errors`: the engine's errors as S3's error codes.
 
 mod auth;
+mod body;
 mod buckets;
 mod errors;
 mod multipart;

@@ -25,8 +25,9 @@ use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, LIST_LIMIT_MAX};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
+use super::body::{announced_bytes, checksum_of, refuse_undecoded, BodyCheck, Verified};
 use super::errors::s3_error as engine_error;
-use super::objects::{chunk_stream, etag_of, last_modified, BodyCheck, Gateway, Verified};
+use super::objects::{chunk_stream, etag_of, last_modified, Gateway};
 
 /// Uploads in progress on this node at most (all buckets); CreateMultipartUpload answers
 /// SlowDown beyond, until some complete or are aborted.
@@ -310,8 +311,8 @@ impl Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        super::objects::refuse_undecoded(&req.headers, &req.trailing_headers)?;
-        let bytes = super::objects::announced_bytes(&req.headers, req.input.content_length)?;
+        refuse_undecoded(&req.headers, &req.trailing_headers)?;
+        let bytes = announced_bytes(&req.headers, req.input.content_length)?;
         let input = req.input;
         let number = u32::try_from(input.part_number).unwrap_or(0);
         if !(1..=PARTS_MAX).contains(&number) {
@@ -333,7 +334,7 @@ impl Gateway {
         let check = BodyCheck::new(
             &req.headers,
             input.content_md5.clone(),
-            super::objects::checksum_of(
+            checksum_of(
                 &input.checksum_crc32,
                 &input.checksum_crc32c,
                 &input.checksum_crc64nvme,

@@ -1,0 +1,320 @@
+//! A request's body as it arrives: its pieces (with the idle timeout), the checksums and
+//! Content-MD5 its sender gave, compared with what arrived before anything is stored.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use s3s::dto::*;
+use s3s::{s3_error, S3Result};
+
+/// The checksums a PUT's sender gave (in headers, or promised in a trailer) and the digests
+/// computed of the bytes as they arrive; compared before the object is stored.
+pub(super) struct BodyCheck {
+    /// The MD5 of the body, computed when the sender gave one (Content-MD5) or the caller
+    /// needs it (a part's ETag), and the one the sender gave.
+    md5: Option<(s3s::crypto::Md5, Option<String>)>,
+    hasher: s3s::checksum::ChecksumHasher,
+    expected: Checksum,
+    /// The trailer header that carries the checksum, when it comes after the body.
+    trailer: Option<String>,
+}
+
+impl BodyCheck {
+    /// `md5`: compute the body's MD5 even when the sender gave none.
+    pub(super) fn new(
+        headers: &hyper::HeaderMap,
+        content_md5: Option<String>,
+        expected: Checksum,
+        md5: bool,
+    ) -> S3Result<BodyCheck> {
+        use s3s::crypto::Checksum as _;
+        let trailer = headers
+            .get("x-amz-trailer")
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.trim().to_ascii_lowercase());
+        let mut hasher = s3s::checksum::ChecksumHasher::default();
+        let wants = |field: &Option<String>, name: &str| {
+            field.is_some() || trailer.as_deref() == Some(name)
+        };
+        if wants(&expected.checksum_crc32, "x-amz-checksum-crc32") {
+            hasher.crc32 = Some(Default::default());
+        }
+        if wants(&expected.checksum_crc32c, "x-amz-checksum-crc32c") {
+            hasher.crc32c = Some(Default::default());
+        }
+        if wants(&expected.checksum_crc64nvme, "x-amz-checksum-crc64nvme") {
+            hasher.crc64nvme = Some(Default::default());
+        }
+        if wants(&expected.checksum_sha1, "x-amz-checksum-sha1") {
+            hasher.sha1 = Some(Default::default());
+        }
+        if wants(&expected.checksum_sha256, "x-amz-checksum-sha256") {
+            hasher.sha256 = Some(Default::default());
+        }
+        if let Some(name) = &trailer {
+            let known = [
+                "x-amz-checksum-crc32",
+                "x-amz-checksum-crc32c",
+                "x-amz-checksum-crc64nvme",
+                "x-amz-checksum-sha1",
+                "x-amz-checksum-sha256",
+            ];
+            if !known.contains(&name.as_str()) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-trailer names {name}, which is not a checksum S3 defines"
+                ));
+            }
+        }
+        let md5 = (md5 || content_md5.is_some()).then(|| (s3s::crypto::Md5::new(), content_md5));
+        Ok(BodyCheck {
+            md5,
+            hasher,
+            expected,
+            trailer,
+        })
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        use s3s::crypto::Checksum as _;
+        if let Some((md5, _)) = &mut self.md5 {
+            md5.update(data);
+        }
+        self.hasher.update(data);
+    }
+
+    /// Compare, once the body (and its trailer) has arrived; the checksums the object was
+    /// stored with.
+    pub(super) fn finish(mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Verified> {
+        use s3s::crypto::Checksum as _;
+        let mut md5_digest = None;
+        if let Some((md5, wanted)) = self.md5.take() {
+            let digest: [u8; 16] = md5.finalize();
+            if let Some(wanted) = wanted {
+                if base64_simd::STANDARD.encode_to_string(digest) != wanted {
+                    return Err(s3_error!(
+                        BadDigest,
+                        "the Content-MD5 you sent does not match the body"
+                    ));
+                }
+            }
+            md5_digest = Some(digest);
+        }
+        if let Some(name) = &self.trailer {
+            let value = trailers
+                .and_then(|trailers| {
+                    trailers.read(|headers| {
+                        headers
+                            .get(name.as_str())
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_string)
+                    })
+                })
+                .flatten()
+                .ok_or_else(|| {
+                    s3_error!(
+                        IncompleteBody,
+                        "the body ended without the trailer {name} it promised"
+                    )
+                })?;
+            let slot = match name.as_str() {
+                "x-amz-checksum-crc32" => &mut self.expected.checksum_crc32,
+                "x-amz-checksum-crc32c" => &mut self.expected.checksum_crc32c,
+                "x-amz-checksum-crc64nvme" => &mut self.expected.checksum_crc64nvme,
+                "x-amz-checksum-sha1" => &mut self.expected.checksum_sha1,
+                _ => &mut self.expected.checksum_sha256,
+            };
+            *slot = Some(value);
+        }
+        let got = self.hasher.finalize();
+        let pairs = [
+            ("CRC32", &self.expected.checksum_crc32, &got.checksum_crc32),
+            (
+                "CRC32C",
+                &self.expected.checksum_crc32c,
+                &got.checksum_crc32c,
+            ),
+            (
+                "CRC64NVME",
+                &self.expected.checksum_crc64nvme,
+                &got.checksum_crc64nvme,
+            ),
+            ("SHA1", &self.expected.checksum_sha1, &got.checksum_sha1),
+            (
+                "SHA256",
+                &self.expected.checksum_sha256,
+                &got.checksum_sha256,
+            ),
+        ];
+        for (algorithm, wanted, computed) in pairs {
+            if let Some(wanted) = wanted {
+                if Some(wanted) != computed.as_ref() {
+                    return Err(s3_error!(
+                        BadDigest,
+                        "the {algorithm} checksum you sent does not match the body"
+                    ));
+                }
+            }
+        }
+        Ok(Verified {
+            sums: got,
+            md5: md5_digest,
+        })
+    }
+}
+
+/// What a body's check found: its checksums, and its MD5 when it was computed.
+#[derive(Default)]
+pub(super) struct Verified {
+    pub sums: Checksum,
+    pub md5: Option<[u8; 16]>,
+}
+
+/// A body's bytes as they arrive, in pieces of at most `want` bytes (a piece is split when it
+/// crosses a chunk's end). A body that sends nothing for `S3_BODY_IDLE_TIMEOUT` ends the
+/// request: a stalled sender must not hold its connection, its memory and its share of the
+/// dirty budget for ever.
+pub(super) struct Pieces<S> {
+    stream: S,
+    left: Option<Bytes>,
+}
+
+impl<S> Pieces<S>
+where
+    S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+{
+    pub(super) fn new(stream: S) -> Pieces<S> {
+        Pieces { stream, left: None }
+    }
+
+    /// The next piece of the body (`None` at its end), or RequestTimeout or IncompleteBody.
+    async fn next_piece(&mut self) -> S3Result<Option<Bytes>> {
+        match tokio::time::timeout(super::S3_BODY_IDLE_TIMEOUT, self.stream.next()).await {
+            Err(_) => Err(s3_error!(
+                RequestTimeout,
+                "the body sent nothing for {} s",
+                super::S3_BODY_IDLE_TIMEOUT.as_secs()
+            )),
+            Ok(Some(Ok(piece))) => Ok(Some(piece)),
+            Ok(Some(Err(error))) => Err(s3_error!(
+                IncompleteBody,
+                "the body could not be read: {error}"
+            )),
+            Ok(None) => Ok(None),
+        }
+    }
+}
+
+impl<S> Pieces<S>
+where
+    S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+{
+    /// Fill `into` up to `want` bytes; fewer only when the body ends.
+    pub(super) async fn fill(
+        &mut self,
+        into: &mut Vec<u8>,
+        want: usize,
+        check: &mut BodyCheck,
+    ) -> S3Result<()> {
+        while into.len() < want {
+            let mut piece = match self.left.take() {
+                Some(piece) => piece,
+                None => match self.next_piece().await? {
+                    Some(piece) => piece,
+                    None => return Ok(()),
+                },
+            };
+            let room = want - into.len();
+            if piece.len() > room {
+                self.left = Some(piece.split_off(room));
+            }
+            check.update(&piece);
+            into.extend_from_slice(&piece);
+        }
+        Ok(())
+    }
+
+    /// Whether bytes remain beyond those asked for.
+    pub(super) async fn has_more(&mut self) -> S3Result<bool> {
+        loop {
+            if self.left.as_ref().is_some_and(|left| !left.is_empty()) {
+                return Ok(true);
+            }
+            match self.next_piece().await? {
+                Some(piece) => self.left = Some(piece),
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
+impl BodyCheck {
+    /// A check already made, carrying the checksums it verified.
+    pub(super) fn empty(sums: Checksum) -> BodyCheck {
+        BodyCheck {
+            md5: None,
+            hasher: Default::default(),
+            expected: sums,
+            trailer: None,
+        }
+    }
+}
+
+/// The size a PUT announces: the decoded length of an `aws-chunked` body, else its
+/// Content-Length.
+pub(super) fn announced_bytes(
+    headers: &hyper::HeaderMap,
+    content_length: Option<i64>,
+) -> S3Result<u64> {
+    let decoded = headers
+        .get("x-amz-decoded-content-length")
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.parse::<u64>());
+    match (decoded, content_length) {
+        (Some(Ok(bytes)), _) => Ok(bytes),
+        (Some(Err(_)), _) => Err(s3_error!(
+            InvalidArgument,
+            "x-amz-decoded-content-length is not a number"
+        )),
+        (None, Some(bytes)) if bytes >= 0 => Ok(bytes as u64),
+        _ => Err(s3_error!(
+            MissingContentLength,
+            "a PUT says its length (Content-Length)"
+        )),
+    }
+}
+
+/// An `aws-chunked` body that no key decoded: storing it would store its framing.
+pub(super) fn refuse_undecoded(
+    headers: &hyper::HeaderMap,
+    trailers: &Option<s3s::TrailingHeaders>,
+) -> S3Result<()> {
+    let streaming = headers
+        .get("x-amz-content-sha256")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("STREAMING-"));
+    if streaming && trailers.is_none() {
+        return Err(s3_error!(
+            NotImplemented,
+            "aws-chunked bodies are decoded for requests signed with a key of --s3-credentials; send this one unsigned without aws-chunked, or sign it"
+        ));
+    }
+    Ok(())
+}
+
+/// The checksums a request's headers gave.
+pub(super) fn checksum_of(
+    crc32: &Option<String>,
+    crc32c: &Option<String>,
+    crc64nvme: &Option<String>,
+    sha1: &Option<String>,
+    sha256: &Option<String>,
+) -> Checksum {
+    Checksum {
+        checksum_crc32: crc32.clone(),
+        checksum_crc32c: crc32c.clone(),
+        checksum_crc64nvme: crc64nvme.clone(),
+        checksum_sha1: sha1.clone(),
+        checksum_sha256: sha256.clone(),
+        ..Default::default()
+    }
+}
