@@ -509,34 +509,8 @@ impl EngineHandle {
         key: &str,
         range: Option<ByteRange>,
     ) -> impl Future<Output = Result<Option<ObjectData>>> + Send + 'static {
-        let call = self.get_read(bucket, key, range);
-        async move {
-            let bucket_key = call?.await?;
-            Ok(bucket_key)
-        }
-    }
-
-    fn get_read(
-        &self,
-        bucket: &str,
-        key: &str,
-        range: Option<ByteRange>,
-    ) -> Result<impl Future<Output = Result<Option<ObjectData>>> + Send + 'static> {
-        let key = ObjectKey::new(bucket, key)?;
-        let shard = self.shard_of(&key);
-        Ok(self.on_shard(shard, move |cache| async move {
-            let read: Option<CacheRead> = cache.get(&key, range).await?;
-            Ok(read.map(|read| {
-                let meta = ObjectMeta {
-                    bucket: key.bucket().to_string(),
-                    key: key.key().to_string(),
-                    bytes: read.bytes,
-                    seq: read.seq,
-                    dirty: read.dirty,
-                };
-                (meta, read.data)
-            }))
-        }))
+        let call = self.get_versioned(bucket, key, range);
+        async move { Ok(call.await?.map(|(data, _)| data)) }
     }
 
     /// Like `get`, with the tag of the origin version that data read through belongs to (0

@@ -301,6 +301,14 @@ pub(super) fn refuse_undecoded(
     Ok(())
 }
 
+/// A request's body as a stream of pieces (none: an empty one).
+pub(super) fn pieces_of(
+    body: Option<StreamingBlob>,
+) -> futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>> {
+    body.map(|body| body.boxed())
+        .unwrap_or_else(|| futures::stream::empty().boxed())
+}
+
 /// The checksums a request's headers gave.
 pub(super) fn checksum_of(
     crc32: &Option<String>,

@@ -25,7 +25,7 @@ use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, LIST_LIMIT_MAX};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
-use super::body::{announced_bytes, checksum_of, refuse_undecoded, BodyCheck, Verified};
+use super::body::{announced_bytes, checksum_of, pieces_of, refuse_undecoded, BodyCheck, Verified};
 use super::errors::s3_error as engine_error;
 use super::objects::{chunk_stream, etag_of, last_modified, Gateway};
 
@@ -343,11 +343,9 @@ impl Gateway {
             ),
             true,
         )?;
-        let body = input
-            .body
-            .map(|body| body.boxed())
-            .unwrap_or_else(|| futures::stream::empty().boxed());
-        let nonce = hex(&new_id()?.as_bytes()[..8]);
+        let body = pieces_of(input.body);
+        // 64 bits of randomness tell this sending of the part from any other.
+        let nonce = new_id()?[..16].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
             .store(
@@ -419,7 +417,13 @@ impl Gateway {
             let (meta, _) = gateway
                 .store(target, total, body.boxed(), check, None)
                 .await?;
-            gateway.forget_upload(&upload).await?;
+            // The object is stored: a staged key left behind is garbage, not a failed upload.
+            if let Err(error) = gateway.forget_upload(&upload).await {
+                log::warn!(
+                    "S3 multipart: upload {} completed, but its staged parts stay: {error}",
+                    upload.id
+                );
+            }
             Ok(CompleteMultipartUploadOutput {
                 bucket: Some(bucket),
                 key: Some(key),

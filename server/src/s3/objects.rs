@@ -13,7 +13,9 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
 use super::auth::Credentials;
-use super::body::{announced_bytes, checksum_of, refuse_undecoded, BodyCheck, Pieces, Verified};
+use super::body::{
+    announced_bytes, checksum_of, pieces_of, refuse_undecoded, BodyCheck, Pieces, Verified,
+};
 use super::buckets;
 use super::errors::s3_error as engine_error;
 
@@ -470,10 +472,7 @@ impl S3 for Gateway {
             ),
             false,
         )?;
-        let body = input
-            .body
-            .map(|body| body.boxed())
-            .unwrap_or_else(|| futures::stream::empty().boxed());
+        let body = pieces_of(input.body);
         let key = Self::key_of(&input.bucket, &input.key)?;
         let (meta, Verified { sums, .. }) = self
             .store(key, bytes, body, check, req.trailing_headers.as_ref())
