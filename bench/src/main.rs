@@ -26,6 +26,7 @@ mod origin_bench;
 mod plot;
 mod policy_bench;
 mod redis;
+mod s3_reader_bench;
 mod serve;
 mod server_bench;
 mod trace;
@@ -57,9 +58,12 @@ enum Command {
     IndexMemory(engine_bench::IndexMemoryArgs),
     /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
     Server(server_bench::ServerArgs),
-    /// hydrant-server against nginx, 1 MiB GETs: NVMe tier vs directio + aio threads, DRAM tier
-    /// vs the page cache.
+    /// hydrant-server's S3 endpoint and native protocol against nginx, GETs of 1 MiB and 4 KiB:
+    /// NVMe tier vs directio + aio threads, DRAM tier vs the page cache.
     Nginx(nginx_bench::NginxArgs),
+    /// A boto3 reader of a dataset through hydrant's S3 endpoint (warm) vs the same reader
+    /// straight from a slow S3 origin.
+    S3Reader(s3_reader_bench::S3ReaderArgs),
     /// The same-host path (shared region over a Unix socket) vs TCP on loopback vs fio on the
     /// same file: 1 MiB reads, throughput and CPU seconds per GiB.
     Local(local_bench::LocalArgs),
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),
         Command::Nginx(args) => nginx_bench::nginx(args),
+        Command::S3Reader(args) => s3_reader_bench::s3_reader(args),
         Command::Local(args) => local_bench::local(args),
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),

@@ -387,6 +387,7 @@ impl Settings {
                     listen,
                     credentials,
                     required: asked.is_some(),
+                    cpus: Vec::new(),
                 })
             }
         };

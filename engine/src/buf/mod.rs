@@ -9,9 +9,11 @@
 mod arena;
 mod buddy;
 mod external;
+mod shared;
 
 pub use arena::{Arena, ArenaInfo, IoBuf};
 pub use external::ExternalBuf;
+pub use shared::{pooled, SharedBuf, SHARED_BUFFER_BYTES_MAX, SHARED_POOL_BYTES_MAX};
 
 /// Every buffer is aligned to, and sized in multiples of, this many bytes: the largest direct
 /// I/O alignment we accept from a device, and the unit of the on-disk format.

@@ -173,6 +173,28 @@ impl ReadData {
         }
     }
 
+    /// The bytes as a buffer another thread may hold for as long as it needs, and how many
+    /// bytes that copied: none for a DRAM hit (the tier's copy is shared, not copied) or for
+    /// bytes already in memory of their own; an NVMe read's are copied out of the shard's
+    /// pinned buffers, which go back to the shard at once.
+    pub fn into_shared(self) -> (bytes::Bytes, u64) {
+        match self {
+            ReadData::Memory { data, range, .. } => {
+                let whole = range == (0..data.len());
+                let shared = bytes::Bytes::from_owner(SharedDram(data));
+                (if whole { shared } else { shared.slice(range) }, 0)
+            }
+            ReadData::Owned(data) => (bytes::Bytes::from(data), 0),
+            ReadData::Store(read) => {
+                let mut shared = crate::buf::SharedBuf::with_capacity(read.len());
+                for part in &read.parts {
+                    shared.extend_from_slice(part.bytes());
+                }
+                (shared.into_bytes(), read.len() as u64)
+            }
+        }
+    }
+
     /// The CRC32C of the bytes: known for the DRAM tier's whole objects and for NVMe reads of
     /// whole checksummed pieces without reading them again, else computed.
     pub fn crc(&self) -> u32 {
@@ -198,6 +220,15 @@ impl ReadData {
             }
             ReadData::Store(read) => ReadData::Store(read),
         }
+    }
+}
+
+/// The DRAM tier's copy of an object as the owner of a `bytes::Bytes`.
+struct SharedDram(DramBytes);
+
+impl AsRef<[u8]> for SharedDram {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 

@@ -549,6 +549,31 @@ impl EngineHandle {
         })
     }
 
+    /// `get_versioned_key` with the bytes in a buffer other threads may hold: a DRAM hit's
+    /// bytes are shared with the tier rather than copied (see `ReadData::into_shared`).
+    pub fn get_shared_key(
+        &self,
+        key: ObjectKey,
+        range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<((ObjectMeta, bytes::Bytes), u64)>>> + Send + 'static
+    {
+        let shard = self.shard_of(&key);
+        self.on_shard(shard, move |cache| async move {
+            let read = cache.get_parts(&key, range).await?;
+            Ok(read.map(|read| {
+                let meta = ObjectMeta {
+                    bucket: key.bucket().to_string(),
+                    key: key.key().to_string(),
+                    bytes: read.bytes,
+                    seq: read.seq,
+                    dirty: read.dirty,
+                };
+                let (data, _) = read.data.into_shared();
+                ((meta, data), read.origin_version)
+            }))
+        })
+    }
+
     pub fn head(
         &self,
         bucket: &str,

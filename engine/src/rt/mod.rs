@@ -70,7 +70,7 @@ where
 
 /// Pin the calling thread to one CPU. Failure (a restricted cpuset, for example) is logged and
 /// otherwise ignored: pinning is a performance hint, not a correctness requirement.
-fn pin_current_thread(cpu: usize) {
+pub fn pin_current_thread(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it, and
     // sched_setaffinity reads exactly size_of::<cpu_set_t>() bytes from it.
     let result = unsafe {
@@ -81,7 +81,7 @@ fn pin_current_thread(cpu: usize) {
     };
     if result != 0 {
         log::warn!(
-            "could not pin shard thread to cpu {cpu}: {}",
+            "could not pin a thread to cpu {cpu}: {}",
             io::Error::last_os_error()
         );
     }

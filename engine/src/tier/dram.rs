@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::key::ObjectKey;
 use crate::policy::{Access, Capacity, EvictionPolicy, TinyLfuSieve};
@@ -24,8 +24,10 @@ pub use crate::policy::DRAM_SHADOW_SAMPLE_ONE_IN_MIN;
 /// a small allocation of its own, away from the bytes: a hit touches it (and the kernel's send
 /// then streams the bytes), and small counts stay in cache where the cold line in front of each
 /// object would not (a DRAM hit's first cache miss, measured: `incq` in `held` was 66% of its
-/// time with `Rc<[u8]>`).
-pub type DramBytes = Rc<Box<[u8]>>;
+/// time with `Rc<[u8]>`). Shared across threads (`Arc`), so that a gateway on other threads
+/// (the S3 endpoint) sends a hit's bytes without copying them; the count is touched by one
+/// thread at a time in the common case, where an atomic increment costs what a plain one does.
+pub type DramBytes = Arc<Box<[u8]>>;
 
 struct Resident {
     key: ObjectKey,
@@ -173,7 +175,7 @@ impl DramTier {
         let resident = Resident {
             key: key.clone(),
             seq,
-            data: Rc::new(Box::from(data)),
+            data: Arc::new(Box::from(data)),
             crc,
         };
         let mut stats = self.stats.borrow_mut();

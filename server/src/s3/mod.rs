@@ -59,6 +59,9 @@ pub struct S3Config {
     /// Whether the server fails to start when `listen` is taken (else it says so and serves
     /// without S3): true when the address was asked for, false for the default.
     pub required: bool,
+    /// The cores the gateway's threads run on, one thread per core (empty: one thread per
+    /// core of the machine up to `S3_THREADS_MAX`, unpinned).
+    pub cpus: Vec<usize>,
 }
 
 /// The S3 endpoint's counters since the start, for the metrics (one endpoint per process).
@@ -143,11 +146,23 @@ impl S3Endpoint {
             .set_nonblocking(true)
             .map_err(|error| error.to_string())?;
         let address = listener.local_addr().map_err(|error| error.to_string())?;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |count| count.get())
-            .min(S3_THREADS_MAX);
+        let threads = if config.cpus.is_empty() {
+            std::thread::available_parallelism()
+                .map_or(1, |count| count.get())
+                .min(S3_THREADS_MAX)
+        } else {
+            config.cpus.len()
+        };
+        let cpus = config.cpus.clone();
+        let next_cpu = Arc::new(AtomicU64::new(0));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
+            .on_thread_start(move || {
+                if !cpus.is_empty() {
+                    let turn = next_cpu.fetch_add(1, Ordering::Relaxed) as usize;
+                    hydrant_engine::rt::pin_current_thread(cpus[turn % cpus.len()]);
+                }
+            })
             .thread_name("hydrant-s3")
             .enable_io()
             .enable_time()
@@ -157,9 +172,13 @@ impl S3Endpoint {
         let service = build_service(&config, engine);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let open = config.credentials.is_none();
+        let accept_cpu = config.cpus.first().copied();
         let thread = std::thread::Builder::new()
             .name("hydrant-s3-accept".into())
             .spawn(move || {
+                if let Some(cpu) = accept_cpu {
+                    hydrant_engine::rt::pin_current_thread(cpu);
+                }
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => accept(listener, service, stopped, open).await,

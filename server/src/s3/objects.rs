@@ -128,11 +128,11 @@ pub(super) fn chunk_stream(
                 start: next,
                 end: Some(stop.min(end)),
             };
-            let read = engine.get_versioned_key(key.clone(), Some(range)).await;
+            let read = engine.get_shared_key(key.clone(), Some(range)).await;
             let part = match read {
                 Ok(Some(((meta, data), tag))) if (meta.seq, tag) == version && !data.is_empty() => {
                     next += data.len() as u64;
-                    Ok(Bytes::from(data))
+                    Ok(data)
                 }
                 Ok(Some(_)) | Ok(None) => Err(std::io::Error::other(format!(
                     "{}/{} changed while it was being read",
@@ -158,12 +158,12 @@ fn body_of(
     key: StoreKey,
     meta: &ObjectMeta,
     tag: u64,
-    first: Vec<u8>,
+    first: Bytes,
     start: u64,
     end: u64,
 ) -> StreamingBlob {
     let first_end = start + first.len() as u64;
-    let head = futures::stream::once(async move { Ok(Bytes::from(first)) });
+    let head = futures::stream::once(async move { Ok(first) });
     if first_end >= end {
         return StreamingBlob::wrap(head);
     }
@@ -305,7 +305,7 @@ impl Gateway {
         };
         let first = self
             .engine
-            .get_versioned_key(
+            .get_shared_key(
                 store_key.clone(),
                 Some(ByteRange {
                     start: start.min(first_end),

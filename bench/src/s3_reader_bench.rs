@@ -1,0 +1,211 @@
+//! The S3 user's view: a boto3 reader of a dataset of objects through hydrant's S3 endpoint
+//! (warm: from NVMe and DRAM) against the same boto3 reader of the same objects straight from
+//! an S3 origin that answers like S3 Standard (50–150 ms per request, hydrant-fault-proxy in
+//! front of a local S3-compatible server), in the same run, rounds alternated.
+//!
+//! The reader is `bench/scripts/boto3_reader.py` (one boto3 client per thread, every object
+//! read once, its bytes checked by CRC32 against the origin's).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::{
+    BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
+};
+use hydrant_server::{Server, ServerConfig};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::origin_bench::{create_bucket, s3_store, start_slow_origin};
+
+#[derive(clap::Args)]
+pub struct S3ReaderArgs {
+    /// The S3-compatible server (e.g. `moto_server -p 5599`), as HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:5599")]
+    s3: String,
+    /// Per-request origin latency, MIN-MAX milliseconds (S3 Standard: 50-150).
+    #[arg(long, default_value = "50-150")]
+    delay_ms: String,
+    /// Objects in the dataset.
+    #[arg(long, default_value_t = 1000)]
+    objects: usize,
+    /// Bytes of each object, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    object_kib: usize,
+    /// boto3 reader threads (one client each).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Alternating rounds of the warm read and the origin's; the median ratio is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Where the data file goes (it is formatted).
+    #[arg(long, default_value = "target/bench-scratch")]
+    dir: PathBuf,
+    /// The Python interpreter that has boto3.
+    #[arg(long, default_value = "python3")]
+    python: String,
+}
+
+/// One pass of the boto3 reader: (seconds, bytes, crc).
+fn read_all(
+    args: &S3ReaderArgs,
+    endpoint: &str,
+    bucket: &str,
+) -> Result<(f64, u64, String), String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/boto3_reader.py");
+    let output = Command::new(&args.python)
+        .arg(script)
+        .args([endpoint, bucket, "train/sample-"])
+        .arg(args.objects.to_string())
+        .arg(args.threads.to_string())
+        .output()
+        .map_err(|error| format!("cannot run {} (pip install boto3): {error}", args.python))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "the boto3 reader failed against {endpoint}: {}{}",
+            text,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let field = |name: &str| {
+        text.split_whitespace()
+            .find_map(|word| word.strip_prefix(name))
+            .map(str::to_string)
+            .ok_or_else(|| format!("the boto3 reader printed no {name}: {text}"))
+    };
+    let seconds = field("seconds=")?
+        .parse::<f64>()
+        .map_err(|e| e.to_string())?;
+    let bytes = field("bytes=")?.parse::<u64>().map_err(|e| e.to_string())?;
+    Ok((seconds, bytes, field("crc=")?))
+}
+
+fn sample(index: usize, bytes: usize) -> Bytes {
+    let mut data = vec![0u8; bytes];
+    let mut state = (index as u64 + 77).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for word in data.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+    }
+    Bytes::from(data)
+}
+
+pub fn s3_reader(args: S3ReaderArgs) -> Result<(), String> {
+    let bucket = format!("reader-{}", std::process::id());
+    create_bucket(&args.s3, &bucket)?;
+    let object_bytes = args.object_kib << 10;
+    // Load the dataset straight into the origin (not through the slow proxy: loading is not
+    // measured).
+    let loader = Arc::new(s3_store(&format!("http://{}", args.s3), &bucket)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let loader = loader.clone();
+            let objects = args.objects;
+            tasks.push(tokio::spawn(async move {
+                for index in (worker..objects).step_by(8) {
+                    loader
+                        .put(
+                            &Path::from(format!("train/sample-{index:05}")),
+                            PutPayload::from(sample(index, object_bytes)),
+                        )
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        for task in tasks {
+            task.await.map_err(|error| error.to_string())??;
+        }
+        Ok::<(), String>(())
+    })?;
+
+    let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
+    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
+    let path = args.dir.join("s3-reader-bench.hyd");
+    let _ = std::fs::remove_file(&path);
+    let data_bytes = (args.objects * (object_bytes + 8192)) as u64 * 2 + (1 << 30);
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
+    engine.format = FormatPolicy::Always;
+    let mut origins = OriginConfig::new();
+    origins.buckets.insert(
+        "data".into(),
+        BucketOrigin {
+            url: format!("s3://{bucket}"),
+            write: WriteMode::Back,
+            revalidate: Revalidate::Immutable,
+        },
+    );
+    engine.origins = Some(origins);
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine);
+    config.s3 = Some(hydrant_server::s3::S3Config {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        credentials: None,
+        required: true,
+        cpus: Vec::new(),
+    });
+    let server = Server::start(config)?;
+    let hydrant_endpoint = format!("http://{}", server.s3_address().expect("an S3 endpoint"));
+
+    println!(
+        "{} objects of {} KiB, {} boto3 reader thread(s); origin at {} ms per request",
+        args.objects, args.object_kib, args.threads, args.delay_ms
+    );
+    let (cold, cold_bytes, cold_crc) = read_all(&args, &hydrant_endpoint, "data")?;
+    println!("| round | origin directly, s | hydrant warm, s | warm vs origin |");
+    println!("|---|---:|---:|---:|");
+    let mut ratios = Vec::new();
+    let mut origin_times = Vec::new();
+    for round in 1..=args.rounds {
+        let mut pass = |endpoint: &str, bucket: &str| -> Result<f64, String> {
+            let (seconds, bytes, crc) = read_all(&args, endpoint, bucket)?;
+            if bytes != cold_bytes || crc != cold_crc {
+                return Err(format!(
+                    "{endpoint} answered {bytes} bytes (crc {crc}), the first pass {cold_bytes} (crc {cold_crc})"
+                ));
+            }
+            Ok(seconds)
+        };
+        let (origin, warm) = if round % 2 == 1 {
+            let origin = pass(&origin_endpoint, &bucket)?;
+            (origin, pass(&hydrant_endpoint, "data")?)
+        } else {
+            let warm = pass(&hydrant_endpoint, "data")?;
+            (pass(&origin_endpoint, &bucket)?, warm)
+        };
+        ratios.push(origin / warm);
+        origin_times.push(origin);
+        println!(
+            "| {round} | {origin:.2} | {warm:.2} | {:.1}x |",
+            origin / warm
+        );
+    }
+    ratios.sort_by(|left, right| left.total_cmp(right));
+    origin_times.sort_by(|left, right| left.total_cmp(right));
+    let origin_median = origin_times[origin_times.len() / 2];
+    println!(
+        "hydrant cold (read through): {cold:.2} s, {:.2}x the origin's median",
+        origin_median / cold
+    );
+    println!("median boto3 warm/origin = {:.1}", ratios[ratios.len() / 2]);
+    let stats = proxy.stats();
+    println!(
+        "origin requests seen by the proxy: {} ({} GET)",
+        stats.total.requests,
+        stats.method(hydrant_fault_proxy::Method::Get).requests
+    );
+    server.stop().map_err(|error| error.to_string())?;
+    Ok(())
+}
