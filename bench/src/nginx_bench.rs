@@ -230,12 +230,9 @@ fn start_hydrant(args: &NginxArgs, size: usize, dram_bytes: u64) -> Result<Serve
         engine.io_bytes_in_flight_max = bytes;
     }
     let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine);
-    config.s3 = Some(hydrant_server::s3::S3Config {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        credentials: None,
-        required: true,
-        cpus: vec![args.server_cpu],
-    });
+    let mut s3 = hydrant_server::s3::S3Config::new("127.0.0.1:0".parse().expect("address"));
+    s3.cpus = vec![args.server_cpu];
+    config.s3 = Some(s3);
     Server::start(config)
 }
 

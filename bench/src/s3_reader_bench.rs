@@ -150,12 +150,9 @@ pub fn s3_reader(args: S3ReaderArgs) -> Result<(), String> {
     );
     engine.origins = Some(origins);
     let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine);
-    config.s3 = Some(hydrant_server::s3::S3Config {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        credentials: None,
-        required: true,
-        cpus: Vec::new(),
-    });
+    config.s3 = Some(hydrant_server::s3::S3Config::new(
+        "127.0.0.1:0".parse().expect("address"),
+    ));
     let server = Server::start(config)?;
     let hydrant_endpoint = format!("http://{}", server.s3_address().expect("an S3 endpoint"));
 
@@ -169,7 +166,7 @@ pub fn s3_reader(args: S3ReaderArgs) -> Result<(), String> {
     let mut ratios = Vec::new();
     let mut origin_times = Vec::new();
     for round in 1..=args.rounds {
-        let mut pass = |endpoint: &str, bucket: &str| -> Result<f64, String> {
+        let pass = |endpoint: &str, bucket: &str| -> Result<f64, String> {
             let (seconds, bytes, crc) = read_all(&args, endpoint, bucket)?;
             if bytes != cold_bytes || crc != cold_crc {
                 return Err(format!(

@@ -64,6 +64,10 @@ struct Arguments {
     /// anonymous and served from loopback only.
     #[arg(long, env = "HYDRANT_S3_CREDENTIALS")]
     s3_credentials: Option<PathBuf>,
+    /// Abort a multipart upload this long after it began, when it has neither completed nor
+    /// been aborted (its parts' bytes are freed): 30m, 24h, 7d; 0 never. Default 24h.
+    #[arg(long, env = "HYDRANT_S3_UPLOAD_EXPIRY")]
+    s3_upload_expiry: Option<String>,
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics).
     #[arg(long, env = "HYDRANT_METRICS")]
     metrics: Option<SocketAddr>,
@@ -187,7 +191,8 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         idle_timeout,
         receive_buffers,
         s3_listen,
-        s3_credentials
+        s3_credentials,
+        s3_upload_expiry
     );
     if arguments.data.is_empty() {
         arguments.data = file.data;
@@ -388,6 +393,14 @@ impl Settings {
                     credentials,
                     required: asked.is_some(),
                     cpus: Vec::new(),
+                    upload_expiry: match arguments.s3_upload_expiry.as_deref() {
+                        None => Some(hydrant_server::s3::UPLOAD_EXPIRY_DEFAULT),
+                        Some(text) => {
+                            let duration = units::parse_duration(text)
+                                .map_err(|error| format!("--s3-upload-expiry: {error}"))?;
+                            (!duration.is_zero()).then_some(duration)
+                        }
+                    },
                 })
             }
         };

@@ -1142,3 +1142,82 @@ fn stalled_puts_of_a_chunk_hold_no_more_memory_than_the_streamed_bytes_bound() {
         STREAMED_BYTES_MAX >> 20
     );
 }
+
+/// A raw S3 request without a body on a fresh connection.
+fn bodiless(address: &str, method: &str, target: &str) -> Answer {
+    let request = format!(
+        "{method} {target} HTTP/1.1\r\nHost: s3\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    answered(exchange(address, request.as_bytes()), method)
+}
+
+/// The text of the first `<tag>` of an XML answer.
+fn xml_field(answer: &Answer, tag: &str) -> Option<String> {
+    let text = answer.text();
+    let start = text.find(&format!("<{tag}>"))? + tag.len() + 2;
+    let end = start + text[start..].find(&format!("</{tag}>"))?;
+    Some(text[start..end].to_string())
+}
+
+/// docs/s3.md: a multipart upload that is neither completed nor aborted is aborted after the
+/// endpoint's expiry (`--s3-upload-expiry`), and its parts no longer hold the node's NVMe: a
+/// client that begins uploads and walks away cannot fill the node or its 1,000 uploads.
+#[test]
+fn an_abandoned_multipart_upload_expires_and_its_parts_are_freed() {
+    let scratch = Scratch::new("s3-upload-expiry");
+    let (server, address) = start(&scratch, &["--s3-upload-expiry", "2s"]);
+    let objects_before = server.metric("hydrant_objects");
+    let created = bodiless(&address, "POST", &format!("/{BUCKET}/abandoned?uploads"));
+    assert_eq!(created.status, 200, "{}", created.text());
+    let id = xml_field(&created, "UploadId").expect("an UploadId");
+    let part = object_bytes(41, 1 << 20);
+    let mut request = format!(
+        "PUT /{BUCKET}/abandoned?partNumber=1&uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        part.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&part);
+    let uploaded = answered(exchange(&address, &request), "UploadPart");
+    assert_eq!(uploaded.status, 200, "{}", uploaded.text());
+    // The upload's record, the part's bytes and the part's marker.
+    assert_eq!(server.metric("hydrant_objects"), objects_before + 3);
+    let listed = bodiless(&address, "GET", &format!("/{BUCKET}?uploads"));
+    assert_eq!(xml_field(&listed, "UploadId").as_deref(), Some(id.as_str()));
+
+    // Past the expiry, the sweep (every second at this expiry) aborts it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric("hydrant_objects") > objects_before {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned upload's staged objects are still held: {} objects, {objects_before} before",
+            server.metric("hydrant_objects")
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let listed = bodiless(&address, "GET", &format!("/{BUCKET}?uploads"));
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert_eq!(xml_field(&listed, "UploadId"), None, "{}", listed.text());
+    let parts = bodiless(
+        &address,
+        "GET",
+        &format!("/{BUCKET}/abandoned?uploadId={id}"),
+    );
+    assert_eq!(parts.status, 404, "{}", parts.text());
+    assert_eq!(parts.error_code().as_deref(), Some("NoSuchUpload"));
+    let etag = uploaded
+        .header("ETag")
+        .expect("the part's ETag")
+        .to_string();
+    let body = format!(
+        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+    );
+    let request = format!(
+        "POST /{BUCKET}/abandoned?uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let completed = answered(exchange(&address, request.as_bytes()), "Complete");
+    assert_eq!(completed.status, 404, "{}", completed.text());
+    assert_eq!(completed.error_code().as_deref(), Some("NoSuchUpload"));
+    assert_absent(&address, "abandoned", "an expired upload");
+    assert_serves(&address, "an expired upload");
+}

@@ -62,7 +62,26 @@ pub struct S3Config {
     /// The cores the gateway's threads run on, one thread per core (empty: one thread per
     /// core of the machine up to `S3_THREADS_MAX`, unpinned).
     pub cpus: Vec<usize>,
+    /// Multipart uploads older than this are aborted (`None`: never).
+    pub upload_expiry: Option<Duration>,
 }
+
+impl S3Config {
+    /// An endpoint on `listen` with the defaults: anonymous (loopback only), required,
+    /// unpinned, uploads expiring after `UPLOAD_EXPIRY_DEFAULT`.
+    pub fn new(listen: SocketAddr) -> S3Config {
+        S3Config {
+            listen,
+            credentials: None,
+            required: true,
+            cpus: Vec::new(),
+            upload_expiry: Some(UPLOAD_EXPIRY_DEFAULT),
+        }
+    }
+}
+
+/// Multipart uploads are aborted this long after they began, unless configured otherwise.
+pub const UPLOAD_EXPIRY_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 
 /// The S3 endpoint's counters since the start, for the metrics (one endpoint per process).
 pub static S3_COUNTERS: S3Counters = S3Counters::new();
@@ -169,7 +188,10 @@ impl S3Endpoint {
             .build()
             .map_err(|error| format!("cannot start the S3 endpoint's threads: {error}"))?;
         S3_COUNTERS.started.store(true, Ordering::Relaxed);
-        let service = build_service(&config, engine);
+        let service = build_service(&config, engine.clone());
+        let sweeper = config
+            .upload_expiry
+            .map(|expiry| objects::Gateway::new(engine, config.credentials.clone(), Some(expiry)));
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let open = config.credentials.is_none();
         let accept_cpu = config.cpus.first().copied();
@@ -180,6 +202,9 @@ impl S3Endpoint {
                     hydrant_engine::rt::pin_current_thread(cpu);
                 }
                 runtime.block_on(async move {
+                    if let Some(sweeper) = sweeper {
+                        tokio::spawn(async move { sweeper.expire_uploads_forever().await });
+                    }
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => accept(listener, service, stopped, open).await,
                         Err(error) => log::error!("the S3 endpoint cannot listen: {error}"),
@@ -220,7 +245,7 @@ impl Drop for S3Endpoint {
 }
 
 fn build_service(config: &S3Config, engine: EngineHandle) -> s3s::service::S3Service {
-    let gateway = objects::Gateway::new(engine, config.credentials.clone());
+    let gateway = objects::Gateway::new(engine, config.credentials.clone(), config.upload_expiry);
     let mut builder = s3s::service::S3ServiceBuilder::new(gateway);
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = S3_XML_BYTES_MAX;

@@ -15,7 +15,12 @@
 //! cut off by a crash or a dropped connection is never assembled. Sending a part again
 //! writes it under a new nonce and then deletes the earlier one; Complete picks each part by
 //! number and ETag, so it assembles exactly the parts its client named. An upload's ID is 32
-//! hexadecimal digits of randomness; anything else is NoSuchUpload before any key is made.
+//! hexadecimal digits: the millisecond it began (12) and randomness (20); anything else is
+//! NoSuchUpload before any key is made.
+//!
+//! An upload that neither completes nor is aborted within the endpoint's expiry (24 hours by
+//! default) is aborted by a sweep, so that abandoned parts do not hold NVMe for ever; until the
+//! sweep reaches it, it is already answered as NoSuchUpload.
 
 use std::collections::BTreeMap;
 
@@ -98,12 +103,35 @@ fn no_such_upload(id: &str) -> s3s::S3Error {
     )
 }
 
-/// 32 hexadecimal digits of randomness.
-fn new_id() -> S3Result<String> {
-    let mut random = [0u8; 16];
+/// 32 hexadecimal digits: the millisecond the upload began (12) and randomness (20).
+fn new_id(now_ms: u64) -> S3Result<String> {
+    let mut random = [0u8; 10];
     getrandom::fill(&mut random)
         .map_err(|error| s3_error!(InternalError, "no randomness for an upload ID: {error}"))?;
-    Ok(hex(&random))
+    Ok(format!(
+        "{:012x}{}",
+        now_ms & 0xffff_ffff_ffff,
+        hex(&random)
+    ))
+}
+
+/// When the upload `id` began, as its ID says, if that is a plausible time (IDs of earlier
+/// builds were all randomness: their records say).
+fn begun_ms(id: &str, now_ms: u64) -> Option<u64> {
+    /// 2025-01-01, before any ID of this form.
+    const EARLIEST_MS: u64 = 1_735_689_600_000;
+    let begun = u64::from_str_radix(id.get(..12)?, 16).ok()?;
+    (EARLIEST_MS..=now_ms.saturating_add(24 * 3600 * 1000))
+        .contains(&begun)
+        .then_some(begun)
+}
+
+/// How often the sweep looks for expired uploads: a quarter of the expiry, within 1 s..1 h.
+fn sweep_period(expiry: std::time::Duration) -> std::time::Duration {
+    (expiry / 4).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3600),
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -246,8 +274,67 @@ impl Gateway {
         let Some(record) = self.staged_bytes(&upload_record_key(bucket, id)).await? else {
             return Err(no_such_upload(id));
         };
-        parse_upload_record(bucket, id, &record)
-            .ok_or_else(|| s3_error!(InternalError, "the staged record of upload {id} is damaged"))
+        let upload = parse_upload_record(bucket, id, &record).ok_or_else(|| {
+            s3_error!(InternalError, "the staged record of upload {id} is damaged")
+        })?;
+        if self.expired(upload.initiated_ms, now_ms()) {
+            return Err(no_such_upload(id));
+        }
+        Ok(upload)
+    }
+
+    /// Whether an upload that began at `begun_ms` is past the expiry.
+    fn expired(&self, begun_ms: u64, now_ms: u64) -> bool {
+        self.upload_expiry
+            .is_some_and(|expiry| now_ms.saturating_sub(begun_ms) > expiry.as_millis() as u64)
+    }
+
+    /// Abort every upload past the expiry; how many were.
+    pub(super) async fn expire_uploads(&self) -> S3Result<usize> {
+        if self.upload_expiry.is_none() {
+            return Ok(0);
+        }
+        let records = self
+            .staged_listing("multipart/uploads/", MULTIPART_UPLOADS_MAX)
+            .await?;
+        let now = now_ms();
+        let mut expired = 0;
+        for record in records {
+            let Some((bucket, id)) = record
+                .key
+                .strip_prefix("multipart/uploads/")
+                .and_then(|rest| rest.rsplit_once('/'))
+            else {
+                continue;
+            };
+            let begun = match begun_ms(id, now) {
+                Some(begun) => Some(begun),
+                None => self
+                    .staged_bytes(&record.key)
+                    .await?
+                    .and_then(|text| parse_upload_record(bucket, id, &text))
+                    .map(|upload| upload.initiated_ms),
+            };
+            if begun.is_some_and(|begun| self.expired(begun, now)) {
+                log::info!("S3 multipart: upload {id} of bucket {bucket} expired; aborting it");
+                self.forget_upload(bucket, id).await?;
+                expired += 1;
+            }
+        }
+        Ok(expired)
+    }
+
+    /// `expire_uploads` now and then, for as long as the endpoint runs.
+    pub(super) async fn expire_uploads_forever(self) {
+        let Some(expiry) = self.upload_expiry else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(sweep_period(expiry)).await;
+            if let Err(error) = self.expire_uploads().await {
+                log::warn!("S3 multipart: the sweep of expired uploads failed: {error}");
+            }
+        }
     }
 
     /// The staged parts of upload `id`, by number.
@@ -260,13 +347,13 @@ impl Gateway {
     }
 
     /// Abort: the upload's record first (so no part is taken for it any more), then its parts.
-    async fn forget_upload(&self, upload: &Upload) -> S3Result<()> {
+    async fn forget_upload(&self, bucket: &str, id: &str) -> S3Result<()> {
         self.engine
-            .delete_key(staged(&upload_record_key(&upload.bucket, &upload.id))?)
+            .delete_key(staged(&upload_record_key(bucket, id))?)
             .await
             .map_err(engine_error)?;
         let parts = self
-            .staged_listing(&parts_prefix(&upload.id), 4 * PARTS_MAX as usize)
+            .staged_listing(&parts_prefix(id), 4 * PARTS_MAX as usize)
             .await?;
         self.delete_staged(parts.into_iter().map(|meta| meta.key))
             .await;
@@ -280,17 +367,23 @@ impl Gateway {
         let input = req.input;
         // The object's name is checked now, not when the upload completes.
         Self::key_of(&input.bucket, &input.key)?;
-        let open = self
+        let mut open = self
             .staged_listing("multipart/uploads/", MULTIPART_UPLOADS_MAX)
             .await?;
+        if open.len() >= MULTIPART_UPLOADS_MAX && self.expire_uploads().await? > 0 {
+            open = self
+                .staged_listing("multipart/uploads/", MULTIPART_UPLOADS_MAX)
+                .await?;
+        }
         if open.len() >= MULTIPART_UPLOADS_MAX {
             return Err(s3_error!(
                 SlowDown,
                 "this node holds {MULTIPART_UPLOADS_MAX} multipart uploads in progress, its most; complete or abort some"
             ));
         }
-        let id = new_id()?;
-        let record = format!("{UPLOAD_RECORD_MAGIC}\n{}\n{}", now_ms(), input.key);
+        let now = now_ms();
+        let id = new_id(now)?;
+        let record = format!("{UPLOAD_RECORD_MAGIC}\n{now}\n{}", input.key);
         self.engine
             .put_key(
                 staged(&upload_record_key(&input.bucket, &id))?,
@@ -345,7 +438,7 @@ impl Gateway {
         )?;
         let body = pieces_of(input.body);
         // 64 bits of randomness tell this sending of the part from any other.
-        let nonce = new_id()?[..16].to_string();
+        let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
             .store(
@@ -418,7 +511,7 @@ impl Gateway {
                 .store(target, total, body.boxed(), check, None)
                 .await?;
             // The object is stored: a staged key left behind is garbage, not a failed upload.
-            if let Err(error) = gateway.forget_upload(&upload).await {
+            if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {
                 log::warn!(
                     "S3 multipart: upload {} completed, but its staged parts stay: {error}",
                     upload.id
@@ -475,7 +568,7 @@ impl Gateway {
         let upload = self
             .upload(&input.bucket, &input.key, &input.upload_id)
             .await?;
-        self.forget_upload(&upload).await?;
+        self.forget_upload(&upload.bucket, &upload.id).await?;
         Ok(S3Response::with_status(
             AbortMultipartUploadOutput::default(),
             hyper::StatusCode::NO_CONTENT,
@@ -798,7 +891,7 @@ mod tests {
 
     #[test]
     fn upload_ids_and_records_are_checked() {
-        let id = new_id().unwrap();
+        let id = new_id(now_ms()).unwrap();
         assert!(valid_id(&id));
         assert!(!valid_id("../../etc"));
         assert!(!valid_id(&id.to_uppercase()));
@@ -807,5 +900,23 @@ mod tests {
         assert_eq!(upload.key, "key with\nnewline");
         assert_eq!(upload.initiated_ms, 17);
         assert!(parse_upload_record("b", &id, b"something else\n1\nk").is_none());
+    }
+
+    #[test]
+    fn an_upload_id_says_when_it_began_and_random_ids_are_not_read_as_times() {
+        let now = now_ms();
+        let id = new_id(now).unwrap();
+        assert_eq!(begun_ms(&id, now), Some(now));
+        // An ID of an earlier build (all randomness) reading as the far future or the past.
+        assert_eq!(begun_ms("ffffffffffff00000000000000000000", now), None);
+        assert_eq!(begun_ms("00000000000100000000000000000000", now), None);
+        assert_eq!(
+            sweep_period(std::time::Duration::from_secs(24 * 3600)),
+            std::time::Duration::from_secs(3600)
+        );
+        assert_eq!(
+            sweep_period(std::time::Duration::from_secs(2)),
+            std::time::Duration::from_secs(1)
+        );
     }
 }

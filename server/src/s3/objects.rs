@@ -30,13 +30,20 @@ const DELETES_IN_FLIGHT: usize = 64;
 pub(crate) struct Gateway {
     pub(super) engine: EngineHandle,
     pub(super) credentials: Option<Credentials>,
+    /// Multipart uploads older than this are aborted (see `multipart`).
+    pub(super) upload_expiry: Option<std::time::Duration>,
 }
 
 impl Gateway {
-    pub(crate) fn new(engine: EngineHandle, credentials: Option<Credentials>) -> Gateway {
+    pub(crate) fn new(
+        engine: EngineHandle,
+        credentials: Option<Credentials>,
+        upload_expiry: Option<std::time::Duration>,
+    ) -> Gateway {
         Gateway {
             engine,
             credentials,
+            upload_expiry,
         }
     }
 }
