@@ -639,7 +639,7 @@ fn a_chunked_put_cut_mid_body_stores_nothing_and_the_server_serves_on() {
     assert_absent(&address, "dropped", "a chunked PUT dropped mid-body");
     assert_serves(&address, "a chunked PUT dropped mid-body");
 
-    // aws-chunked, anonymous (its framing is not decoded for anonymous requests), cut.
+    // aws-chunked, anonymous, cut.
     let head = format!(
         "PUT /{BUCKET}/aws-chunked HTTP/1.1\r\nHost: s3\r\nContent-Encoding: aws-chunked\r\n\
          x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER\r\nx-amz-trailer: x-amz-checksum-crc32\r\n\
@@ -1220,4 +1220,138 @@ fn an_abandoned_multipart_upload_expires_and_its_parts_are_freed() {
     assert_eq!(completed.error_code().as_deref(), Some("NoSuchUpload"));
     assert_absent(&address, "abandoned", "an expired upload");
     assert_serves(&address, "an expired upload");
+}
+
+/// `data` as an unsigned `aws-chunked` body: `piece` bytes a chunk, then the trailer
+/// `x-amz-checksum-crc32c` with `checksum`.
+fn aws_chunked(data: &[u8], piece: usize, checksum: &str) -> Vec<u8> {
+    let mut framed = Vec::new();
+    for part in data.chunks(piece) {
+        framed.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        framed.extend_from_slice(part);
+        framed.extend_from_slice(b"\r\n");
+    }
+    framed.extend_from_slice(format!("0\r\nx-amz-checksum-crc32c:{checksum}\r\n\r\n").as_bytes());
+    framed
+}
+
+fn crc32c_base64(data: &[u8]) -> String {
+    base64_simd::STANDARD.encode_to_string(crc32c::crc32c(data).to_be_bytes())
+}
+
+/// An unsigned aws-chunked PUT or UploadPart of `data` to `target`, whole.
+fn aws_chunked_request(target: &str, data: &[u8], framed: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "PUT {target} HTTP/1.1\r\nHost: s3\r\nContent-Encoding: aws-chunked\r\n\
+         x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER\r\nx-amz-trailer: x-amz-checksum-crc32c\r\n\
+         x-amz-decoded-content-length: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        data.len(),
+        framed.len()
+    );
+    [head.as_bytes(), framed].concat()
+}
+
+/// docs/s3.md: SDKs that put a checksum in a trailer send the body as unsigned aws-chunked;
+/// an endpoint without keys decodes it, checks the trailer's checksum before the PUT is
+/// acknowledged, and stores nothing when the checksum or the framing is wrong.
+#[test]
+fn an_unsigned_aws_chunked_put_is_decoded_and_its_trailing_checksum_checked() {
+    let scratch = Scratch::new("s3-aws-chunked");
+    let (_server, address) = start(&scratch, &[]);
+    for (key, bytes, piece) in [
+        ("small", 1000, 64 << 10),
+        ("pieces", 100_000, 8192),
+        ("large", 2 * CHUNK_BYTES + 4321, 64 << 10),
+        ("empty", 0, 64 << 10),
+    ] {
+        let data = object_bytes(50 + bytes as u64, bytes);
+        let framed = aws_chunked(&data, piece, &crc32c_base64(&data));
+        let answer = answered(
+            exchange(
+                &address,
+                &aws_chunked_request(&format!("/{BUCKET}/{key}"), &data, &framed),
+            ),
+            key,
+        );
+        assert_eq!(answer.status, 200, "{key}: {}", answer.text());
+        assert_eq!(
+            answer.header("x-amz-checksum-crc32c"),
+            Some(crc32c_base64(&data).as_str()),
+            "{key}: the checksum is answered"
+        );
+        assert_holds(&address, key, &data, key);
+    }
+
+    // A trailer whose checksum is not the body's: BadDigest, nothing stored, the old kept.
+    let old = object_bytes(60, 5000);
+    assert_eq!(put(&address, "overwritten", &old).status, 200);
+    let data = object_bytes(61, 300_000);
+    let framed = aws_chunked(&data, 64 << 10, &crc32c_base64(b"other bytes"));
+    let answer = answered(
+        exchange(
+            &address,
+            &aws_chunked_request(&format!("/{BUCKET}/overwritten"), &data, &framed),
+        ),
+        "a wrong trailer",
+    );
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    assert_eq!(answer.error_code().as_deref(), Some("BadDigest"));
+    assert_holds(&address, "overwritten", &old, "a wrong trailing checksum");
+
+    // Framing that lies: a chunk longer than its size, a missing trailer.
+    let mut long_chunk = aws_chunked(&data, 64 << 10, &crc32c_base64(&data));
+    long_chunk.splice(5..5, *b"XX");
+    let outcome = exchange(
+        &address,
+        &aws_chunked_request(&format!("/{BUCKET}/lying"), &data, &long_chunk),
+    );
+    assert_refused(&outcome, &[], "a chunk longer than its size");
+    assert_absent(&address, "lying", "a chunk longer than its size");
+    let mut no_trailer = aws_chunked(&data, 64 << 10, "");
+    let end = no_trailer.len();
+    no_trailer.truncate(end - "x-amz-checksum-crc32c:\r\n\r\n".len());
+    no_trailer.extend_from_slice(b"\r\n");
+    let outcome = exchange(
+        &address,
+        &aws_chunked_request(&format!("/{BUCKET}/untrailed"), &data, &no_trailer),
+    );
+    assert_refused(&outcome, &[], "no trailer");
+    assert_absent(&address, "untrailed", "no trailer");
+
+    // UploadPart takes the same bodies.
+    let created = bodiless(&address, "POST", &format!("/{BUCKET}/assembled?uploads"));
+    let id = xml_field(&created, "UploadId").expect("an UploadId");
+    let framed = aws_chunked(&data, 64 << 10, &crc32c_base64(&data));
+    let uploaded = answered(
+        exchange(
+            &address,
+            &aws_chunked_request(
+                &format!("/{BUCKET}/assembled?partNumber=1&uploadId={id}"),
+                &data,
+                &framed,
+            ),
+        ),
+        "UploadPart",
+    );
+    assert_eq!(uploaded.status, 200, "{}", uploaded.text());
+    let etag = uploaded
+        .header("ETag")
+        .expect("the part's ETag")
+        .to_string();
+    let body = format!(
+        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+    );
+    let request = format!(
+        "POST /{BUCKET}/assembled?uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let completed = answered(exchange(&address, request.as_bytes()), "Complete");
+    assert_eq!(completed.status, 200, "{}", completed.text());
+    assert_holds(
+        &address,
+        "assembled",
+        &data,
+        "an upload of aws-chunked parts",
+    );
+    assert_serves(&address, "aws-chunked PUTs");
 }

@@ -84,7 +84,7 @@ impl BodyCheck {
 
     /// Compare, once the body (and its trailer) has arrived; the checksums the object was
     /// stored with.
-    pub(super) fn finish(mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<Verified> {
+    pub(super) fn finish(mut self, trailers: &Trailers) -> S3Result<Verified> {
         use s3s::crypto::Checksum as _;
         let mut md5_digest = None;
         if let Some((md5, wanted)) = self.md5.take() {
@@ -100,22 +100,12 @@ impl BodyCheck {
             md5_digest = Some(digest);
         }
         if let Some(name) = &self.trailer {
-            let value = trailers
-                .and_then(|trailers| {
-                    trailers.read(|headers| {
-                        headers
-                            .get(name.as_str())
-                            .and_then(|value| value.to_str().ok())
-                            .map(str::to_string)
-                    })
-                })
-                .flatten()
-                .ok_or_else(|| {
-                    s3_error!(
-                        IncompleteBody,
-                        "the body ended without the trailer {name} it promised"
-                    )
-                })?;
+            let value = trailers.value(name).ok_or_else(|| {
+                s3_error!(
+                    IncompleteBody,
+                    "the body ended without the trailer {name} it promised"
+                )
+            })?;
             let slot = match name.as_str() {
                 "x-amz-checksum-crc32" => &mut self.expected.checksum_crc32,
                 "x-amz-checksum-crc32c" => &mut self.expected.checksum_crc32c,
@@ -283,30 +273,67 @@ pub(super) fn announced_bytes(
     }
 }
 
-/// An `aws-chunked` body that no key decoded: storing it would store its framing.
-pub(super) fn refuse_undecoded(
+/// Where a body's trailer is read once the body has ended: s3s's (bodies it decoded, of
+/// requests signed with a key) or ours (unsigned `aws-chunked` bodies, see `chunked`).
+pub(super) enum Trailers {
+    None,
+    S3s(s3s::TrailingHeaders),
+    Decoded(super::chunked::DecodedTrailer),
+}
+
+impl Trailers {
+    /// The value of trailer header `name`, once the body has ended.
+    fn value(&self, name: &str) -> Option<String> {
+        let text = |headers: &hyper::HeaderMap| {
+            headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string)
+        };
+        match self {
+            Trailers::None => None,
+            Trailers::S3s(trailers) => trailers.read(text).flatten(),
+            Trailers::Decoded(trailer) => trailer
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .as_ref()
+                .and_then(text),
+        }
+    }
+}
+
+/// A request's body as a stream of its data (none: an empty one), and where its trailer will
+/// be: an unsigned `aws-chunked` body that s3s left encoded is decoded here; a signed one that
+/// no key verified is refused (storing it would store its framing).
+pub(super) fn request_body(
     headers: &hyper::HeaderMap,
-    trailers: &Option<s3s::TrailingHeaders>,
-) -> S3Result<()> {
+    body: Option<StreamingBlob>,
+    trailers: Option<s3s::TrailingHeaders>,
+) -> S3Result<(
+    futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>,
+    Trailers,
+)> {
+    let pieces = body
+        .map(|body| body.boxed())
+        .unwrap_or_else(|| futures::stream::empty().boxed());
+    if let Some(trailers) = trailers {
+        return Ok((pieces, Trailers::S3s(trailers)));
+    }
     let streaming = headers
         .get("x-amz-content-sha256")
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("STREAMING-"));
-    if streaming && trailers.is_none() {
-        return Err(s3_error!(
+        .filter(|value| value.starts_with("STREAMING-"));
+    match streaming {
+        None => Ok((pieces, Trailers::None)),
+        Some("STREAMING-UNSIGNED-PAYLOAD-TRAILER") => {
+            let (data, trailer) = super::chunked::decode(pieces);
+            Ok((data, Trailers::Decoded(trailer)))
+        }
+        Some(_) => Err(s3_error!(
             NotImplemented,
-            "aws-chunked bodies are decoded for requests signed with a key of --s3-credentials; send this one unsigned without aws-chunked, or sign it"
-        ));
+            "signed aws-chunked bodies are decoded for requests signed with a key of --s3-credentials; send this one unsigned (STREAMING-UNSIGNED-PAYLOAD-TRAILER or a plain body), or sign it with a key"
+        )),
     }
-    Ok(())
-}
-
-/// A request's body as a stream of pieces (none: an empty one).
-pub(super) fn pieces_of(
-    body: Option<StreamingBlob>,
-) -> futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>> {
-    body.map(|body| body.boxed())
-        .unwrap_or_else(|| futures::stream::empty().boxed())
 }
 
 /// The checksums a request's headers gave.

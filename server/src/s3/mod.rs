@@ -19,6 +19,7 @@
 mod auth;
 mod body;
 mod buckets;
+mod chunked;
 mod errors;
 mod multipart;
 mod objects;

@@ -30,7 +30,7 @@ use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, LIST_LIMIT_MAX};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
-use super::body::{announced_bytes, checksum_of, pieces_of, refuse_undecoded, BodyCheck, Verified};
+use super::body::{announced_bytes, checksum_of, request_body, BodyCheck, Trailers, Verified};
 use super::errors::s3_error as engine_error;
 use super::objects::{chunk_stream, etag_of, last_modified, Gateway};
 
@@ -404,9 +404,9 @@ impl Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        refuse_undecoded(&req.headers, &req.trailing_headers)?;
         let bytes = announced_bytes(&req.headers, req.input.content_length)?;
-        let input = req.input;
+        let mut input = req.input;
+        let (body, trailers) = request_body(&req.headers, input.body.take(), req.trailing_headers)?;
         let number = u32::try_from(input.part_number).unwrap_or(0);
         if !(1..=PARTS_MAX).contains(&number) {
             return Err(s3_error!(
@@ -436,18 +436,11 @@ impl Gateway {
             ),
             true,
         )?;
-        let body = pieces_of(input.body);
         // 64 bits of randomness tell this sending of the part from any other.
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
-            .store(
-                staged(&data_key)?,
-                bytes,
-                body,
-                check,
-                req.trailing_headers.as_ref(),
-            )
+            .store(staged(&data_key)?, bytes, body, check, &trailers)
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
@@ -508,7 +501,7 @@ impl Gateway {
             let body = gateway.parts_body(&chosen);
             let check = BodyCheck::empty(Checksum::default());
             let (meta, _) = gateway
-                .store(target, total, body.boxed(), check, None)
+                .store(target, total, body.boxed(), check, &Trailers::None)
                 .await?;
             // The object is stored: a staged key left behind is garbage, not a failed upload.
             if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {

@@ -14,7 +14,7 @@ use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
 use super::auth::Credentials;
 use super::body::{
-    announced_bytes, checksum_of, pieces_of, refuse_undecoded, BodyCheck, Pieces, Verified,
+    announced_bytes, checksum_of, request_body, BodyCheck, Pieces, Trailers, Verified,
 };
 use super::buckets;
 use super::errors::s3_error as engine_error;
@@ -197,7 +197,7 @@ impl Gateway {
         bytes: u64,
         body: S,
         mut check: BodyCheck,
-        trailers: Option<&s3s::TrailingHeaders>,
+        trailers: &Trailers,
     ) -> S3Result<(ObjectMeta, Verified)>
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
@@ -438,9 +438,9 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        refuse_undecoded(&req.headers, &req.trailing_headers)?;
         let bytes = announced_bytes(&req.headers, req.input.content_length)?;
-        let input = req.input;
+        let mut input = req.input;
+        let (body, trailers) = request_body(&req.headers, input.body.take(), req.trailing_headers)?;
         // Conditional writes: If-None-Match: * (create only) and If-Match (replace only the
         // version the writer read). Checked before the body is taken; a write that races
         // another between the check and the install is not refused.
@@ -479,11 +479,8 @@ impl S3 for Gateway {
             ),
             false,
         )?;
-        let body = pieces_of(input.body);
         let key = Self::key_of(&input.bucket, &input.key)?;
-        let (meta, Verified { sums, .. }) = self
-            .store(key, bytes, body, check, req.trailing_headers.as_ref())
-            .await?;
+        let (meta, Verified { sums, .. }) = self.store(key, bytes, body, check, &trailers).await?;
         let output = PutObjectOutput {
             e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
             checksum_crc32: sums.checksum_crc32,
@@ -612,7 +609,7 @@ impl S3 for Gateway {
                 meta.bytes,
                 body.boxed(),
                 check,
-                None,
+                &Trailers::None,
             )
             .await?;
         let output = CopyObjectOutput {
