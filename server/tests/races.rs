@@ -220,3 +220,45 @@ fn a_put_racing_a_read_through_is_never_undone() {
     race("race-put-one", Mutation::Put, false);
     race("race-put-two", Mutation::Put, true);
 }
+
+/// A DELETE acknowledged while the write-back upload of the version it deletes is finishing
+/// (the origin has it, the node is recording it clean) leaves nothing behind: no HEAD or GET
+/// finds the object afterwards, at the node or at the origin. The uploader used to remember the
+/// uploaded version as the origin's after the delete had removed it from there, and HEAD then
+/// answered for a deleted object.
+#[test]
+fn a_delete_racing_the_end_of_its_write_back_upload_is_never_undone() {
+    let scratch = Scratch::new("race-delete-upload");
+    let server = start(scratch.path());
+    let mut client = server.client();
+    let origin = scratch.path().join("origin").join("racing");
+    for round in 0..200 {
+        let key = format!("object-{round:03}");
+        client
+            .put("racing", &key, &object_bytes(round, 300_000))
+            .unwrap();
+        // The upload starts at once; the delete lands at any moment of it.
+        if round % 4 != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(round * 37 % 3000));
+        }
+        client.delete("racing", &key).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let head = client.head("racing", &key);
+        assert!(
+            head.as_ref().is_err_and(|error| error.is_not_found()),
+            "round {round}: HEAD after an acknowledged DELETE: {head:?}"
+        );
+        let get = client.get("racing", &key, None);
+        assert!(
+            get.as_ref().is_err_and(|error| error.is_not_found()),
+            "round {round}: GET after an acknowledged DELETE found it"
+        );
+    }
+    client
+        .flush(None, "", std::time::Duration::from_secs(60))
+        .unwrap();
+    let left: Vec<_> = std::fs::read_dir(&origin)
+        .map(|entries| entries.filter_map(|entry| entry.ok()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "deleted objects at the origin: {left:?}");
+}

@@ -241,7 +241,14 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
                     upload.key.key()
                 );
             }
-            if marked.unwrap_or(true) {
+            // Recording it clean took a write, during which a delete (or a newer version) may
+            // have come and gone past this upload: the origin's version is remembered only if
+            // it is still the node's, or a HEAD would answer for an object deleted since.
+            let current = uploader
+                .store
+                .head(&upload.key)
+                .is_some_and(|meta| meta.seq == upload.seq);
+            if marked.unwrap_or(true) && current {
                 origin.reads.remember(
                     &upload.key,
                     OriginVersion {
