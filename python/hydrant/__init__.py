@@ -1,0 +1,395 @@
+"""hydrant's Python client: the native protocol of a hydrant node, at native speed.
+
+Objects are named ``"BUCKET/KEY"`` (``"hydrant://BUCKET/KEY"`` is taken too)::
+
+    import hydrant
+    client = hydrant.Client("127.0.0.1:7700")          # or HYDRANT_SERVER, HYDRANT_TOKEN
+    client.put("datasets/train/0001.tar", open("0001.tar", "rb"))
+    data = client.get("datasets/train/0001.tar", range=(0, 4096))
+    array = numpy.empty(1 << 20, dtype=numpy.uint8)
+    read = client.get_into("datasets/train/0001.tar", array)   # no copy on the way
+
+Every call releases the GIL while it waits; one client may be shared by threads, and a client
+used after ``fork()`` (DataLoader workers) connects anew rather than sharing its parent's
+sockets.
+"""
+
+import ctypes
+import io
+import os
+from typing import Any, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import errors
+from ._hydrant import NativeClient
+from .errors import (
+    BufferTooSmall,
+    Busy,
+    ChecksumMismatch,
+    ConnectionFailed,
+    HydrantError,
+    InvalidKey,
+    InvalidRange,
+    LocalError,
+    NoSpace,
+    NotFound,
+    OriginRefused,
+    OriginUnavailable,
+    ProtocolError,
+    ReadOnly,
+    Retriable,
+    ServerTimeout,
+    StatusError,
+    TooLarge,
+    Unauthenticated,
+    UsageError,
+)
+
+__all__ = [
+    "Client",
+    "ObjectInfo",
+    "ListEntry",
+    "errors",
+    "HydrantError",
+    "StatusError",
+    "Retriable",
+    "NotFound",
+    "InvalidKey",
+    "InvalidRange",
+    "TooLarge",
+    "Unauthenticated",
+    "ReadOnly",
+    "OriginRefused",
+    "ChecksumMismatch",
+    "Busy",
+    "OriginUnavailable",
+    "NoSpace",
+    "ServerTimeout",
+    "ProtocolError",
+    "ConnectionFailed",
+    "UsageError",
+    "BufferTooSmall",
+    "LocalError",
+]
+
+#: Where a client connects when neither its arguments nor HYDRANT_SERVER say.
+DEFAULT_SERVER = "127.0.0.1:7700"
+#: Keys of one LIST page at most (the protocol's bound).
+LIST_PAGE_MAX = 1000
+#: Items of one BATCH_GET request the client sends at most; longer batches are split.
+BATCH_ITEMS_MAX = 256
+
+Range = Tuple[int, Optional[int]]
+
+
+class ObjectInfo(NamedTuple):
+    """An object's size in bytes, its version on the node, and whether it is not yet at the
+    origin (``dirty``)."""
+
+    size: int
+    version: int
+    dirty: bool
+
+
+class ListEntry(NamedTuple):
+    """One key of a listing, with its size, version and dirty flag."""
+
+    path: str
+    size: int
+    version: int
+    dirty: bool
+
+
+def _split(path: str) -> Tuple[str, str]:
+    """(bucket, key) of ``BUCKET/KEY`` or ``hydrant://BUCKET/KEY``."""
+    if not isinstance(path, str):
+        raise UsageError(f"an object is named by a str BUCKET/KEY, not {type(path).__name__}")
+    if path.startswith("hydrant://"):
+        path = path[len("hydrant://"):]
+    bucket, _, key = path.partition("/")
+    if not bucket or not key:
+        raise UsageError(f"{path!r} is not BUCKET/KEY")
+    return bucket, key
+
+
+def _split_prefix(prefix: str) -> Tuple[str, str]:
+    """(bucket, key prefix) of ``BUCKET`` or ``BUCKET/PREFIX``."""
+    if prefix.startswith("hydrant://"):
+        prefix = prefix[len("hydrant://"):]
+    bucket, _, rest = prefix.partition("/")
+    if not bucket:
+        raise UsageError(f"{prefix!r} does not name a bucket")
+    return bucket, rest
+
+
+def _range(range: Optional[Range]) -> Tuple[Optional[int], Optional[int]]:
+    if range is None:
+        return None, None
+    try:
+        start, end = range
+    except (TypeError, ValueError):
+        raise UsageError(f"a range is (start, end), end exclusive or None, not {range!r}") from None
+    if start < 0 or (end is not None and end < start):
+        raise UsageError(f"the range {range!r} is empty or negative")
+    return start, end
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
+
+
+class _Memory:
+    """The address and size of a buffer's bytes, held exported for as long as this lives."""
+
+    def __init__(self, buffer: Any, writable: bool):
+        self._keep: Tuple[Any, ...]
+        if _is_tensor(buffer):
+            if buffer.device.type != "cpu":
+                raise UsageError(f"a tensor on {buffer.device} is not host memory; read into a CPU (or pinned) tensor")
+            if not buffer.is_contiguous():
+                raise UsageError("the tensor is not contiguous")
+            self.address = buffer.data_ptr()
+            self.size = buffer.numel() * buffer.element_size()
+            self._keep = (buffer,)
+            self.copy = None
+            return
+        try:
+            view = memoryview(buffer)
+        except TypeError:
+            raise UsageError(f"{type(buffer).__name__} has no buffer to read into or from") from None
+        if not view.c_contiguous:
+            raise UsageError("the buffer is not contiguous")
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if view.readonly:
+            # ctypes exports only writable buffers: a read-only one is stored from a copy.
+            if writable:
+                raise UsageError("the buffer is read-only")
+            self.copy: Optional[bytes] = bytes(view)
+            self.address, self.size, self._keep = 0, len(self.copy), ()
+            return
+        self.copy = None
+        holder = (ctypes.c_char * view.nbytes).from_buffer(view)
+        self.address = ctypes.addressof(holder)
+        self.size = view.nbytes
+        self._keep = (view, holder)
+
+
+class _ReadInto(io.RawIOBase):
+    """A reader with only ``read`` seen through ``readinto``."""
+
+    def __init__(self, source: Any):
+        self._source = source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(len(buffer))
+        if data is None:
+            return None  # type: ignore[return-value]
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class Client:
+    """A client of one or several hydrant nodes (keys are placed on them by rendezvous
+    hashing, as every hydrant client places them).
+
+    ``servers``: ``"host:port"``, a comma-separated list, or a sequence of them (default:
+    ``HYDRANT_SERVER``, else 127.0.0.1:7700). ``token``: the shared token of servers that ask
+    for one (default: ``HYDRANT_TOKEN``). ``timeout`` sets both ``connect_timeout`` and
+    ``request_timeout`` (seconds). ``retries``: retries of a request that got a retriable
+    status or lost its connection, waiting ``backoff`` = (first, longest) seconds between
+    them, none starting later than ``retry_deadline`` seconds after the call began.
+    """
+
+    def __init__(
+        self,
+        servers: Union[str, Sequence[str], None] = None,
+        token: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        *,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        retries: int = 4,
+        backoff: Tuple[float, float] = (0.02, 2.0),
+        retry_deadline: float = 60.0,
+        max_connections_per_node: int = 8,
+        shard_aware: bool = True,
+    ):
+        if servers is None:
+            servers = os.environ.get("HYDRANT_SERVER", DEFAULT_SERVER)
+        if isinstance(servers, str):
+            servers = [server.strip() for server in servers.split(",") if server.strip()]
+        servers = list(servers)
+        if token is None:
+            token = os.environ.get("HYDRANT_TOKEN")
+        if isinstance(token, str):
+            token = token.encode()
+        if timeout is not None:
+            connect_timeout = request_timeout = timeout
+        self._arguments = dict(
+            servers=servers,
+            token=token,
+            connect_timeout=float(connect_timeout),
+            request_timeout=float(request_timeout),
+            retries=int(retries),
+            backoff_initial=float(backoff[0]),
+            backoff_max=float(backoff[1]),
+            retry_deadline=float(retry_deadline),
+            max_connections_per_node=int(max_connections_per_node),
+            shard_aware=bool(shard_aware),
+        )
+        self._native = NativeClient(**self._arguments)
+
+    # A client in a DataLoader's dataset is pickled to reach spawned workers: it connects anew.
+    def __getstate__(self) -> dict:
+        return dict(self._arguments)
+
+    def __setstate__(self, state: dict) -> None:
+        self._arguments = state
+        self._native = NativeClient(**state)
+
+    def __repr__(self) -> str:
+        return f"hydrant.Client({self._arguments['servers']!r})"
+
+    @property
+    def servers(self) -> List[str]:
+        return list(self._arguments["servers"])
+
+    def get(self, path: str, range: Optional[Range] = None) -> bytes:
+        """The object's bytes, or bytes ``start..end`` of it (``end`` exclusive; ``None``: to
+        the end)."""
+        bucket, key = _split(path)
+        start, end = _range(range)
+        _, data = self._native.get(bucket, key, start, end)
+        return data
+
+    def get_into(self, path: str, buffer: Any, offset: int = 0, range: Optional[Range] = None) -> int:
+        """Read the object (or ``range`` of it) into ``buffer`` at byte ``offset``, with no
+        copy on the way: any writable contiguous buffer (``bytearray``, a NumPy array, an
+        ``mmap``, a CPU or pinned ``torch`` tensor). Returns the bytes read. A buffer too small
+        for the answer raises :class:`BufferTooSmall` and is left untouched."""
+        bucket, key = _split(path)
+        start, end = _range(range)
+        memory = _Memory(buffer, writable=True)
+        if offset < 0 or offset > memory.size:
+            raise UsageError(f"offset {offset} is outside the buffer's {memory.size} bytes")
+        _, read = self._native.get_into_address(
+            bucket, key, memory.address + offset, memory.size - offset, start, end
+        )
+        del memory
+        return read
+
+    def put(self, path: str, data: Any) -> ObjectInfo:
+        """Store ``data`` as the object: ``bytes`` or any buffer (stored from where it lies), a
+        file object opened for binary reading (streamed from its position to its end, never
+        whole in memory), or a path (``str`` or ``os.PathLike``) of a file to stream."""
+        bucket, key = _split(path)
+        if isinstance(data, bytes):
+            return ObjectInfo(*self._native.put(bucket, key, data))
+        if isinstance(data, (str, os.PathLike)):
+            with open(data, "rb") as file:
+                return self._put_file(bucket, key, file)
+        if hasattr(data, "read"):
+            return self._put_file(bucket, key, data)
+        memory = _Memory(data, writable=False)
+        if memory.copy is not None:
+            return ObjectInfo(*self._native.put(bucket, key, memory.copy))
+        info = self._native.put_address(bucket, key, memory.address, memory.size)
+        del memory
+        return ObjectInfo(*info)
+
+    def _put_file(self, bucket: str, key: str, file: Any) -> ObjectInfo:
+        size = None
+        try:
+            position = file.tell()
+            size = os.fstat(file.fileno()).st_size - position
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            try:
+                position = file.tell()
+                size = file.seek(0, io.SEEK_END) - position
+                file.seek(position)
+            except (AttributeError, OSError, io.UnsupportedOperation):
+                size = None
+        if size is None:
+            # Not seekable: its size is known only at its end.
+            return ObjectInfo(*self._native.put(bucket, key, file.read()))
+        reader = file if hasattr(file, "readinto") else _ReadInto(file)
+        return ObjectInfo(*self._native.put_reader(bucket, key, reader, size))
+
+    def stat(self, path: str) -> ObjectInfo:
+        """Size, version and dirty flag; :class:`NotFound` if there is no such object."""
+        bucket, key = _split(path)
+        return ObjectInfo(*self._native.stat(bucket, key))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def delete(self, path: str) -> None:
+        bucket, key = _split(path)
+        self._native.delete(bucket, key)
+
+    def list(self, prefix: str, page_size: int = LIST_PAGE_MAX) -> Iterator[ListEntry]:
+        """The objects of ``BUCKET[/PREFIX]`` in key order, fetched a page at a time as the
+        iteration goes."""
+        bucket, key_prefix = _split_prefix(prefix)
+        page_size = max(1, min(int(page_size), LIST_PAGE_MAX))
+        after: Optional[str] = None
+        while True:
+            page = self._native.list(bucket, key_prefix, after, page_size)
+            for key, size, version, dirty in page:
+                yield ListEntry(f"{bucket}/{key}", size, version, dirty)
+            if len(page) < page_size:
+                return
+            after = page[-1][0]
+
+    def batch_get(
+        self,
+        items: Iterable[Union[str, Tuple[str, Optional[Range]]]],
+        ordered: bool = False,
+    ) -> Iterator[Tuple[str, Union[bytes, HydrantError]]]:
+        """Read many objects (``path`` or ``(path, range)``) in few requests: yields
+        ``(path, bytes)``, or ``(path, exception)`` for an item that failed on its own. Items
+        are sent :data:`BATCH_ITEMS_MAX` to a request; each request's results come as it
+        completes (in the order asked with ``ordered``)."""
+        batch: List[Tuple[str, str, str, Optional[int], Optional[int]]] = []
+
+        def send() -> Iterator[Tuple[str, Union[bytes, HydrantError]]]:
+            results = self._native.batch_get([item[1:] for item in batch], ordered)
+            for (path, *_), (_, data, error) in zip(batch, results):
+                yield path, (error if error is not None else data)
+            batch.clear()
+
+        for item in items:
+            path, range = (item, None) if isinstance(item, str) else item
+            bucket, key = _split(path)
+            start, end = _range(range)
+            batch.append((path, bucket, key, start, end))
+            if len(batch) == BATCH_ITEMS_MAX:
+                yield from send()
+        if batch:
+            yield from send()
+
+    def prefetch(self, prefix: str) -> Tuple[int, int]:
+        """Read every object of ``BUCKET[/PREFIX]`` through from the origin into the node's
+        cache; returns (objects, bytes) warmed."""
+        bucket, key_prefix = _split_prefix(prefix)
+        return self._native.prefetch(bucket, key_prefix)
+
+    def flush(self, prefix: Optional[str] = None, timeout: float = 3600.0) -> None:
+        """Wait until what was written under ``BUCKET[/PREFIX]`` (everything, without one) is
+        at the origin, at most ``timeout`` seconds (then :class:`ServerTimeout`)."""
+        if prefix is None:
+            self._native.flush(None, "", float(timeout))
+        else:
+            bucket, key_prefix = _split_prefix(prefix)
+            self._native.flush(bucket, key_prefix, float(timeout))
+
+    def stats(self) -> dict:
+        """Each server's metrics in the Prometheus text format, by address."""
+        return dict(self._native.stats())

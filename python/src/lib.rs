@@ -1,0 +1,400 @@
+//! `hydrant._hydrant`: the native client (`hydrant_client::SharedClient`) for Python. The
+//! Python package (python/hydrant) wraps it: names, buffers, files and iterators are handled
+//! there; this module makes the calls, with the GIL released for every wait.
+//!
+//! One `NativeClient` may be shared by threads (the client pools connections per node). A
+//! client used in a process forked from the one that made it (a DataLoader worker) connects
+//! anew instead of sharing its parent's sockets.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hydrant_client::{ClientConfig, ClientError, GetItem, ObjectInfo, SharedClient};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+/// The client of this process, and the process it was made in.
+struct Owned {
+    pid: u32,
+    client: SharedClient,
+}
+
+#[pyclass(frozen, module = "hydrant._hydrant")]
+struct NativeClient {
+    config: ClientConfig,
+    owned: Mutex<Owned>,
+}
+
+/// (size, version, dirty) of an object, as Python's `ObjectInfo` takes them.
+type Info = (u64, u64, bool);
+
+fn info_of(info: &ObjectInfo) -> Info {
+    (info.object_bytes, info.seq, info.dirty)
+}
+
+/// The Python exception for `error`: a class of `hydrant.errors` chosen by its kind (and, for a
+/// status, by the status), made with the status and the message.
+fn python_error(py: Python<'_>, error: ClientError) -> PyErr {
+    let (class, status, message, extra) = match &error {
+        ClientError::Status { status, message } => {
+            ("status_error", Some(*status), message.clone(), None)
+        }
+        ClientError::Io(io) => ("ConnectionFailed", None, io.to_string(), None),
+        ClientError::Protocol(_) => ("ProtocolError", None, error.to_string(), None),
+        ClientError::Usage(message) => ("UsageError", None, message.clone(), None),
+        ClientError::BufferTooSmall { needed, capacity } => (
+            "BufferTooSmall",
+            None,
+            error.to_string(),
+            Some((*needed, *capacity as u64)),
+        ),
+        ClientError::Local(io) => ("LocalError", None, io.to_string(), None),
+    };
+    let made = (|| -> PyResult<PyErr> {
+        let errors = py.import("hydrant.errors")?;
+        let exception =
+            match (class, status, extra) {
+                ("status_error", Some(status), _) => errors
+                    .getattr("status_error")?
+                    .call1((status, message.clone()))?,
+                ("BufferTooSmall", _, Some((needed, capacity))) => errors
+                    .getattr(class)?
+                    .call1((message.clone(), needed, capacity))?,
+                _ => errors.getattr(class)?.call1((message.clone(),))?,
+            };
+        Ok(PyErr::from_value(exception))
+    })();
+    made.unwrap_or_else(|failure| failure)
+}
+
+/// `start..end` (end exclusive, `None`: to the end) as the client takes a range.
+fn range_of(start: Option<u64>, end: Option<u64>) -> Option<(u64, Option<u64>)> {
+    match (start, end) {
+        (None, None) => None,
+        (start, end) => Some((start.unwrap_or(0), end)),
+    }
+}
+
+impl NativeClient {
+    /// The client to use in this process: the one made here, or (after a fork) a new one.
+    fn client(&self, py: Python<'_>) -> PyResult<SharedClient> {
+        let mut owned = self
+            .owned
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the client's lock is poisoned"))?;
+        let pid = std::process::id();
+        if owned.pid != pid {
+            let config = self.config.clone();
+            let fresh = py
+                .detach(|| SharedClient::connect(config))
+                .map_err(|error| python_error(py, error))?;
+            // The parent's connections are the parent's: their sockets are left open here
+            // (closing them could not disturb the parent, but shutting them down would).
+            std::mem::forget(std::mem::replace(&mut owned.client, fresh));
+            owned.pid = pid;
+        }
+        Ok(owned.client.clone())
+    }
+
+    /// Run `call` on this process's client with the GIL released.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&SharedClient) -> hydrant_client::Result<T> + Send,
+    ) -> PyResult<T> {
+        let client = self.client(py)?;
+        py.detach(|| call(&client))
+            .map_err(|error| python_error(py, error))
+    }
+}
+
+#[pymethods]
+impl NativeClient {
+    #[new]
+    #[pyo3(signature = (servers, token, connect_timeout, request_timeout, retries, backoff_initial, backoff_max, retry_deadline, max_connections_per_node, shard_aware))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        servers: Vec<String>,
+        token: Option<Vec<u8>>,
+        connect_timeout: f64,
+        request_timeout: f64,
+        retries: u32,
+        backoff_initial: f64,
+        backoff_max: f64,
+        retry_deadline: f64,
+        max_connections_per_node: usize,
+        shard_aware: bool,
+    ) -> PyResult<NativeClient> {
+        let seconds = |value: f64, name: &str| {
+            Duration::try_from_secs_f64(value).map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "{name} must be a number of seconds >= 0, not {value}"
+                ))
+            })
+        };
+        let config = ClientConfig::new(&servers)
+            .token(token.as_deref())
+            .connect_timeout(seconds(connect_timeout, "connect_timeout")?)
+            .request_timeout(seconds(request_timeout, "request_timeout")?)
+            .retries_max(retries)
+            .backoff(
+                seconds(backoff_initial, "backoff")?,
+                seconds(backoff_max, "backoff")?,
+            )
+            .retry_deadline(seconds(retry_deadline, "retry_deadline")?)
+            .max_connections_per_node(max_connections_per_node)
+            .shard_aware(shard_aware);
+        let connecting = config.clone();
+        let client = py
+            .detach(|| SharedClient::connect(connecting))
+            .map_err(|error| python_error(py, error))?;
+        Ok(NativeClient {
+            config,
+            owned: Mutex::new(Owned {
+                pid: std::process::id(),
+                client,
+            }),
+        })
+    }
+
+    /// The servers, as given.
+    fn servers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self.client(py)?.servers().to_vec())
+    }
+
+    #[pyo3(signature = (bucket, key, start=None, end=None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: &str,
+        key: &str,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> PyResult<(Info, Bound<'py, PyBytes>)> {
+        let (info, data) = self.run(py, |client| client.get(bucket, key, range_of(start, end)))?;
+        Ok((info_of(&info), PyBytes::new(py, &data)))
+    }
+
+    /// Read into `length` bytes of memory at `address`, which the caller keeps alive and
+    /// writable for the call (the Python layer takes them from a buffer it holds).
+    #[pyo3(signature = (bucket, key, address, length, start=None, end=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_into_address(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        address: usize,
+        length: usize,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> PyResult<(Info, usize)> {
+        if address == 0 && length > 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err("a null buffer"));
+        }
+        let (info, read) = self.run(py, move |client| {
+            // SAFETY: the caller (hydrant.Client.get_into) holds an export of a writable,
+            // contiguous buffer of `length` bytes at `address` for the whole call, so the
+            // memory stays valid and nothing else resizes it; the GIL is released, and Python
+            // code that writes the same buffer meanwhile races as it would with any reader.
+            let buffer = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, length) };
+            client.get_into(bucket, key, range_of(start, end), buffer)
+        })?;
+        Ok((info_of(&info), read))
+    }
+
+    fn put(&self, py: Python<'_>, bucket: &str, key: &str, data: &[u8]) -> PyResult<Info> {
+        let info = self.run(py, |client| client.put(bucket, key, data))?;
+        Ok(info_of(&info))
+    }
+
+    /// Store `length` bytes at `address` (kept alive by the caller, as `get_into_address`).
+    fn put_address(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        address: usize,
+        length: usize,
+    ) -> PyResult<Info> {
+        if address == 0 && length > 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err("a null buffer"));
+        }
+        let info = self.run(py, move |client| {
+            // SAFETY: as in get_into_address; the bytes are only read.
+            let data = unsafe { std::slice::from_raw_parts(address as *const u8, length) };
+            client.put(bucket, key, data)
+        })?;
+        Ok(info_of(&info))
+    }
+
+    /// Store `size` bytes read from `reader` (an object with `readinto`), streamed: never whole
+    /// in memory.
+    fn put_reader(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        reader: Py<PyAny>,
+        size: u64,
+    ) -> PyResult<Info> {
+        let mut source = PyReader { reader };
+        let info = self.run(py, move |client| {
+            client.put_from(bucket, key, &mut source, size, None)
+        })?;
+        Ok(info_of(&info))
+    }
+
+    fn stat(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<Info> {
+        let info = self.run(py, |client| client.head(bucket, key))?;
+        Ok(info_of(&info))
+    }
+
+    fn delete(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<()> {
+        self.run(py, |client| client.delete(bucket, key))
+    }
+
+    /// A page of keys: (key, size, version, dirty), at most `limit`, after `start_after`.
+    #[pyo3(signature = (bucket, prefix, start_after, limit))]
+    fn list(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> PyResult<Vec<(String, u64, u64, bool)>> {
+        let entries = self.run(py, |client| client.list(bucket, prefix, start_after, limit))?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| (entry.key, entry.object_bytes, entry.seq, entry.dirty))
+            .collect())
+    }
+
+    /// Each item (bucket, key, start, end): (info, bytes) or the exception it failed with.
+    fn batch_get<'py>(
+        &self,
+        py: Python<'py>,
+        items: Vec<(String, String, Option<u64>, Option<u64>)>,
+        ordered: bool,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let items: Vec<GetItem> = items
+            .into_iter()
+            .map(|(bucket, key, start, end)| GetItem {
+                bucket,
+                key,
+                range: range_of(start, end),
+            })
+            .collect();
+        let results = self.run(py, |client| client.batch_get(&items, ordered))?;
+        results
+            .into_iter()
+            .map(|result| match result {
+                Ok((info, data)) => PyTuple::new(
+                    py,
+                    [
+                        info_of(&info).into_pyobject(py)?.into_any(),
+                        PyBytes::new(py, &data).into_any(),
+                        py.None().into_bound(py),
+                    ],
+                ),
+                Err(error) => PyTuple::new(
+                    py,
+                    [
+                        py.None().into_bound(py),
+                        py.None().into_bound(py),
+                        python_error(py, error)
+                            .into_value(py)
+                            .into_bound(py)
+                            .into_any(),
+                    ],
+                ),
+            })
+            .collect()
+    }
+
+    /// (objects, bytes) read through from the origin under `prefix`.
+    fn prefetch(&self, py: Python<'_>, bucket: &str, prefix: &str) -> PyResult<(u64, u64)> {
+        self.run(py, |client| client.prefetch(bucket, prefix))
+    }
+
+    #[pyo3(signature = (bucket, prefix, timeout))]
+    fn flush(
+        &self,
+        py: Python<'_>,
+        bucket: Option<&str>,
+        prefix: &str,
+        timeout: f64,
+    ) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(timeout).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err("timeout must be a number of seconds >= 0")
+        })?;
+        self.run(py, |client| client.flush(bucket, prefix, timeout))
+    }
+
+    /// Each server's metrics (Prometheus text), with its address.
+    fn stats(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+        self.run(py, |client| client.stats())
+    }
+}
+
+/// CPython's flag for a writable memoryview (`PyBUF_WRITE` in memoryobject.h, part of the
+/// stable ABI; not among pyo3's abi3 constants).
+const PYBUF_WRITE: std::os::raw::c_int = 0x200;
+
+/// A Python object with `readinto(buffer)` as a `std::io::Read`: each read takes the GIL.
+struct PyReader {
+    reader: Py<PyAny>,
+}
+
+impl std::io::Read for PyReader {
+    fn read(&mut self, into: &mut [u8]) -> std::io::Result<usize> {
+        Python::attach(|py| {
+            // A memoryview over `into` for the call only; `readinto` fills it.
+            let view = unsafe {
+                // SAFETY: `into` outlives the memoryview, which is released before returning
+                // (the Python layer's readers do not keep the buffer they are given).
+                let pointer = pyo3::ffi::PyMemoryView_FromMemory(
+                    into.as_mut_ptr().cast(),
+                    into.len() as pyo3::ffi::Py_ssize_t,
+                    PYBUF_WRITE,
+                );
+                Bound::from_owned_ptr_or_err(py, pointer)
+            }
+            .map_err(|error| std::io::Error::other(error.to_string()))?;
+            let result = self.reader.bind(py).call_method1("readinto", (&view,));
+            let _ = view.call_method0("release");
+            let read = result
+                .and_then(|read| read.extract::<Option<usize>>())
+                .map_err(|error| std::io::Error::other(error.to_string()))?;
+            match read {
+                Some(read) if read <= into.len() => Ok(read),
+                Some(read) => Err(std::io::Error::other(format!(
+                    "readinto returned {read}, more than the {} bytes it was given",
+                    into.len()
+                ))),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "the reader has no bytes now (non-blocking)",
+                )),
+            }
+        })
+    }
+}
+
+#[pymodule]
+fn _hydrant(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<NativeClient>()?;
+    module.add("PROTOCOL_STATUSES", status_table())?;
+    Ok(())
+}
+
+/// (code, name) of every status of the protocol, for `hydrant.errors`.
+fn status_table() -> Vec<(u8, String)> {
+    hydrant_proto::Status::ALL
+        .iter()
+        .map(|status| (*status as u8, format!("{status:?}")))
+        .collect()
+}
