@@ -1,0 +1,257 @@
+"""An fsspec filesystem over hydrant's native protocol: ``hydrant://BUCKET/KEY``.
+
+Registered for the ``hydrant`` protocol through the ``fsspec.specs`` entry point, so that
+pandas, PyArrow, Hugging Face datasets, Zarr and anything else that opens fsspec URLs reads and
+writes hydrant unchanged::
+
+    import fsspec
+    fs = fsspec.filesystem("hydrant", servers="127.0.0.1:7700")
+    with fs.open("hydrant://datasets/train/part-0.parquet") as file: ...
+    pandas.read_parquet("hydrant://datasets/train/part-0.parquet")
+
+Storage options are those of :class:`hydrant.Client` (``servers``, ``token``, ``timeout``, ...;
+``HYDRANT_SERVER`` and ``HYDRANT_TOKEN`` when not given). Directories are the prefixes before a
+``/`` in keys, as in any object store: they exist while a key is under them, and making one
+does nothing.
+"""
+
+import os
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+from . import Client, NotFound, UsageError
+
+#: Bytes a file opened for reading fetches at once (its read-ahead block).
+READ_BLOCK_BYTES = 4 << 20
+#: Bytes ``get_file`` reads at a time into its buffer.
+COPY_BLOCK_BYTES = 8 << 20
+#: Bytes a file opened for writing keeps in memory before spilling to a temporary file.
+WRITE_SPOOL_BYTES = 16 << 20
+
+
+class HydrantFileSystem(AbstractFileSystem):
+    """hydrant as an fsspec filesystem (see the module's documentation)."""
+
+    protocol = "hydrant"
+    root_marker = ""
+    # One client per set of storage options, as fsspec caches instances.
+    cachable = True
+
+    def __init__(self, servers=None, token=None, timeout=None, client: Optional[Client] = None, **settings: Any):
+        super().__init__(servers=servers, token=token, timeout=timeout, **settings)
+        self.client = client if client is not None else Client(servers, token, timeout, **settings)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, list):
+            return [cls._strip_protocol(item) for item in path]
+        path = str(path)
+        if path.startswith("hydrant://"):
+            path = path[len("hydrant://"):]
+        return path.strip("/")
+
+    # ----- listing -----
+
+    def _entries(self, path: str) -> List[Dict[str, Any]]:
+        """The files and directories right under ``path`` (a bucket or a prefix in one)."""
+        bucket, _, prefix = path.partition("/")
+        if not bucket:
+            raise UsageError("hydrant lists within a bucket: name one (hydrant://BUCKET/...)")
+        if prefix:
+            prefix += "/"
+        files: List[Dict[str, Any]] = []
+        directories: Dict[str, Dict[str, Any]] = {}
+        for entry in self.client.list(f"{bucket}/{prefix}" if prefix else bucket):
+            rest = entry.path[len(bucket) + 1 + len(prefix):]
+            head, slash, _ = rest.partition("/")
+            if slash:
+                name = f"{bucket}/{prefix}{head}"
+                directories.setdefault(name, {"name": name, "size": 0, "type": "directory"})
+            else:
+                files.append(self._file_entry(entry.path, entry.size, entry.version, entry.dirty))
+        return sorted(files + list(directories.values()), key=lambda entry: entry["name"])
+
+    @staticmethod
+    def _file_entry(name: str, size: int, version: int, dirty: bool) -> Dict[str, Any]:
+        return {"name": name, "size": size, "type": "file", "version": version, "dirty": dirty}
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip_protocol(path)
+        entries = self._entries(path)
+        if not entries:
+            info = self.info(path)
+            if info["type"] == "file":
+                entries = [info]
+        return entries if detail else [entry["name"] for entry in entries]
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        bucket, _, key = path.partition("/")
+        if key:
+            try:
+                stat = self.client.stat(path)
+                return self._file_entry(path, stat.size, stat.version, stat.dirty)
+            except NotFound:
+                pass
+        if bucket and next(iter(self.client.list(f"{path}/", page_size=1)), None) is not None:
+            return {"name": path, "size": 0, "type": "directory"}
+        if bucket and not key:
+            # A bucket is always there (every valid name is one), empty or not.
+            return {"name": path, "size": 0, "type": "directory"}
+        raise FileNotFoundError(path)
+
+    # ----- reading -----
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        path = self._strip_protocol(path)
+        if start is None and end is None:
+            return self.client.get(path)
+        size = None
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            size = self.client.stat(path).size
+        start = 0 if start is None else (max(0, size + start) if start < 0 else start)
+        if end is not None and end < 0:
+            end = max(0, size + end)
+        if end is not None and end <= start:
+            return b""
+        if size is None:
+            size = self.client.stat(path).size if start > 0 else None
+        if size is not None and start >= size:
+            return b""
+        if size is not None and end is not None:
+            end = min(end, size)
+        return self.client.get(path, range=(start, end))
+
+    def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):
+        if not (len(paths) == len(starts) == len(ends)):
+            raise ValueError("paths, starts and ends must have the same length")
+        items = []
+        for path, start, end in zip(paths, starts, ends):
+            path = self._strip_protocol(path)
+            if (start is not None and start < 0) or (end is not None and end < 0):
+                items.append(None)  # resolved one by one below
+            else:
+                items.append((path, (start or 0, end)))
+        wanted = [item for item in items if item is not None]
+        results = iter(self.client.batch_get(wanted, ordered=True))
+        out = []
+        for path, start, end, item in zip(paths, starts, ends, items):
+            try:
+                if item is None:
+                    out.append(self.cat_file(path, start, end))
+                    continue
+                _, value = next(results)
+                if isinstance(value, Exception):
+                    raise value
+                out.append(value)
+            except Exception as error:
+                if on_error != "return":
+                    raise
+                out.append(error)
+        return out
+
+    def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
+        rpath = self._strip_protocol(rpath)
+        if os.path.isdir(lpath):
+            return
+        try:
+            size = self.client.stat(rpath).size
+        except NotFound:
+            if self.isdir(rpath):
+                # A directory of keys: its local counterpart is a folder.
+                os.makedirs(lpath, exist_ok=True)
+                return
+            raise
+        if outfile is None and os.path.dirname(lpath):
+            os.makedirs(os.path.dirname(lpath), exist_ok=True)
+        buffer = bytearray(min(COPY_BLOCK_BYTES, max(size, 1)))
+        view = memoryview(buffer)
+        target = outfile if outfile is not None else open(lpath, "wb")
+        try:
+            position = 0
+            while position < size:
+                end = min(size, position + len(buffer))
+                read = self.client.get_into(rpath, buffer, range=(position, end))
+                target.write(view[:read])
+                position += read
+                if callback is not None:
+                    callback.relative_update(read)
+        finally:
+            if outfile is None:
+                target.close()
+
+    # ----- writing -----
+
+    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        if mode == "create" and self.exists(path):
+            raise FileExistsError(path)
+        self.client.put(self._strip_protocol(path), value)
+        self.invalidate_cache(path)
+
+    def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
+        if os.path.isdir(lpath):
+            return  # directories are prefixes: nothing to make
+        self.client.put(self._strip_protocol(rpath), lpath)
+        self.invalidate_cache(rpath)
+
+    def touch(self, path, truncate=True, **kwargs):
+        if truncate or not self.exists(path):
+            self.pipe_file(path, b"")
+
+    def rm_file(self, path):
+        self.client.delete(self._strip_protocol(path))
+        self.invalidate_cache(path)
+
+    def _rm(self, path):
+        if self.isfile(path):
+            self.rm_file(path)
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        for name in reversed(paths):
+            if self.isfile(name):
+                self.rm_file(name)
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        pass  # directories are prefixes of keys
+
+    def makedirs(self, path, exist_ok=False):
+        pass
+
+    def rmdir(self, path):
+        pass
+
+    def cp_file(self, path1, path2, **kwargs):
+        self.client.put(self._strip_protocol(path2), self.client.get(self._strip_protocol(path1)))
+        self.invalidate_cache(path2)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if "x" in mode and self.exists(path):
+            raise FileExistsError(path)
+        return HydrantFile(self, path, mode=mode, block_size=block_size or READ_BLOCK_BYTES,
+                           autocommit=autocommit, cache_options=cache_options, **kwargs)
+
+
+class HydrantFile(AbstractBufferedFile):
+    """A file of :class:`HydrantFileSystem`: reads fetch ranges (a read-ahead block at a
+    time); writes gather in a spooled temporary file and become one streamed PUT on close."""
+
+    def _fetch_range(self, start, end):
+        if start >= end:
+            return b""
+        return self.fs.client.get(self.path, range=(start, end))
+
+    def _initiate_upload(self):
+        self._spool = tempfile.SpooledTemporaryFile(max_size=WRITE_SPOOL_BYTES)
+
+    def _upload_chunk(self, final=False):
+        self.buffer.seek(0)
+        self._spool.write(self.buffer.read())
+        if final:
+            self._spool.seek(0)
+            self.fs.client.put(self.path, self._spool)
+            self._spool.close()
+            self.fs.invalidate_cache(self.path)
+        return True

@@ -1,0 +1,107 @@
+"""hydrant.fs.HydrantFileSystem (fsspec) against a real hydrant-server: fsspec's own abstract
+tests, the operations one by one, and PyArrow reading Parquet through it."""
+
+import itertools
+import posixpath
+
+import fsspec
+import pytest
+from fsspec.tests import abstract
+
+import hydrant
+from hydrant.fs import HydrantFileSystem
+
+_counter = itertools.count()
+
+
+@pytest.fixture()
+def hfs(server):
+    return HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True)
+
+
+class HydrantFixtures(abstract.AbstractFixtures):
+    @pytest.fixture
+    def fs(self, server):
+        filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True)
+        yield filesystem
+        filesystem.invalidate_cache()
+
+    @pytest.fixture
+    def fs_join(self):
+        return posixpath.join
+
+    @pytest.fixture
+    def fs_path(self):
+        # A fresh directory per test: keys are never shared between tests.
+        return f"fsspec-abstract/run-{next(_counter)}"
+
+    @pytest.fixture
+    def supports_empty_directories(self):
+        return False
+
+
+class TestHydrantCopy(abstract.AbstractCopyTests, HydrantFixtures):
+    pass
+
+
+class TestHydrantGet(abstract.AbstractGetTests, HydrantFixtures):
+    pass
+
+
+class TestHydrantPut(abstract.AbstractPutTests, HydrantFixtures):
+    pass
+
+
+class TestHydrantPipe(abstract.AbstractPipeTests, HydrantFixtures):
+    pass
+
+
+class TestHydrantOpen(abstract.AbstractOpenTests, HydrantFixtures):
+    pass
+
+
+def test_the_protocol_is_registered_and_reads_and_writes(server):
+    fs = fsspec.filesystem("hydrant", servers=server.address)
+    assert isinstance(fs, HydrantFileSystem)
+    with fsspec.open("hydrant://fs-basic/dir/file.bin", "wb", servers=server.address) as file:
+        file.write(b"a" * 1000)
+        file.write(b"b" * (20 << 20))
+    with fsspec.open("hydrant://fs-basic/dir/file.bin", "rb", servers=server.address) as file:
+        assert file.read(1000) == b"a" * 1000
+        file.seek(1000 + (10 << 20))
+        assert file.read(5) == b"bbbbb"
+    assert fs.info("fs-basic/dir/file.bin")["size"] == 1000 + (20 << 20)
+    assert fs.info("fs-basic/dir")["type"] == "directory"
+    with pytest.raises(FileNotFoundError):
+        fs.info("fs-basic/nothing")
+
+
+def test_cat_ranges_ls_find_glob_rm(hfs):
+    for index in range(5):
+        hfs.pipe_file(f"fs-ops/a/{index}.txt", f"file {index}".encode())
+    hfs.pipe_file("fs-ops/b/deep/x.txt", b"deep")
+    assert hfs.cat_file("fs-ops/a/3.txt") == b"file 3"
+    assert hfs.cat_file("fs-ops/a/3.txt", start=2, end=4) == b"le"
+    assert hfs.cat_file("fs-ops/a/3.txt", start=-1) == b"3"
+    assert hfs.cat_ranges(["fs-ops/a/1.txt", "fs-ops/a/2.txt", "fs-ops/none"], [0, 5, 0], [4, None, 1]) [:2] == [b"file", b"2"]
+    missing = hfs.cat_ranges(["fs-ops/none"], [0], [1])[0]
+    assert isinstance(missing, hydrant.NotFound)
+    assert hfs.ls("fs-ops", detail=False) == ["fs-ops/a", "fs-ops/b"]
+    assert sorted(hfs.find("fs-ops/a")) == [f"fs-ops/a/{index}.txt" for index in range(5)]
+    assert hfs.glob("fs-ops/*/deep/*.txt") == ["fs-ops/b/deep/x.txt"]
+    assert hfs.exists("fs-ops/b") and hfs.isdir("fs-ops/b") and hfs.isfile("fs-ops/b/deep/x.txt")
+    hfs.rm("fs-ops/a", recursive=True)
+    assert hfs.find("fs-ops/a") == []
+    assert hfs.exists("fs-ops/b/deep/x.txt")
+
+
+def test_pyarrow_reads_parquet_through_the_filesystem(hfs):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    table = pyarrow.table({"step": list(range(10_000)), "loss": [1.0 / (1 + step) for step in range(10_000)]})
+    with hfs.open("fs-parquet/metrics.parquet", "wb") as file:
+        parquet.write_table(table, file)
+    read = parquet.read_table("fs-parquet/metrics.parquet", filesystem=hfs)
+    assert read.equals(table)
+    column = parquet.read_table("fs-parquet/metrics.parquet", filesystem=hfs, columns=["loss"])
+    assert column.column("loss").to_pylist() == table.column("loss").to_pylist()
