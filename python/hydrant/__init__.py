@@ -20,12 +20,13 @@ import os
 from typing import Any, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import errors
-from ._hydrant import NativeClient
+from ._hydrant import NativeClient, NativeLocal, NativeRegion
 from .errors import (
     BufferTooSmall,
     Busy,
     ChecksumMismatch,
     ConnectionFailed,
+    CudaUnavailable,
     HydrantError,
     InvalidKey,
     InvalidRange,
@@ -46,6 +47,9 @@ from .errors import (
 
 __all__ = [
     "Client",
+    "LocalClient",
+    "Region",
+    "ReadInfo",
     "ObjectInfo",
     "ListEntry",
     "errors",
@@ -68,6 +72,7 @@ __all__ = [
     "ConnectionFailed",
     "UsageError",
     "BufferTooSmall",
+    "CudaUnavailable",
     "LocalError",
 ]
 
@@ -393,3 +398,100 @@ class Client:
     def stats(self) -> dict:
         """Each server's metrics in the Prometheus text format, by address."""
         return dict(self._native.stats())
+
+
+class ReadInfo(NamedTuple):
+    """What a same-host read did: the object's size, the offset in it of the first byte
+    written, and the bytes written into the region."""
+
+    size: int
+    range_start: int
+    written: int
+
+
+class Region:
+    """Memory shared with a server on this host, which same-host reads write into. Its bytes
+    are :attr:`buffer` (a ctypes array: ``numpy.frombuffer(region.buffer, dtype)`` and
+    ``torch.frombuffer(region.buffer, dtype=...)`` wrap them without a copy). The mapping lives
+    as long as this object or any view of it; the server writes into it only during a read."""
+
+    def __init__(self, native: NativeRegion):
+        self._native = native
+        array = (ctypes.c_char * native.length).from_address(native.address)
+        # The array keeps the mapping alive for as long as any view of it exists.
+        array._hydrant_region = native  # type: ignore[attr-defined]
+        self.buffer = array
+
+    def __len__(self) -> int:
+        return self._native.length
+
+    @property
+    def huge_pages(self) -> bool:
+        """Whether the server backed it with huge pages."""
+        return self._native.huge_pages
+
+    @property
+    def cuda_registered(self) -> bool:
+        return self._native.cuda_registered
+
+    def memoryview(self) -> memoryview:
+        return memoryview(self.buffer).cast("B")
+
+    def register_cuda(self) -> None:
+        """Page-lock the region for the GPU's DMA (cudaHostRegister, CUDA loaded at run time).
+        Raises :class:`CudaUnavailable` without CUDA; the region then works as before."""
+        ok, why = self._native.register_cuda()
+        if not ok:
+            raise CudaUnavailable(why)
+
+
+class LocalClient:
+    """A client of a server on this host, through its same-host socket
+    (``hydrant-server --local-socket PATH``): reads land in a :class:`Region` shared with the
+    server, and only a small completion crosses the socket. One connection; its calls are
+    serialised. Not for use across ``fork()``: make one in each process."""
+
+    def __init__(self, socket_path: Union[str, "os.PathLike[str]"]):
+        self._native = NativeLocal(os.fspath(socket_path))
+
+    def allocate(self, size: int) -> Region:
+        """A region of ``size`` bytes (at most 16 GiB per connection in all)."""
+        return Region(self._native.allocate(int(size)))
+
+    def read_into(
+        self,
+        region: Region,
+        path: str,
+        offset: int = 0,
+        length: Optional[int] = None,
+        range: Optional[Range] = None,
+    ) -> ReadInfo:
+        """Read the object (or ``range``) into ``region`` at ``offset``, using at most ``length``
+        bytes there (default: the rest of the region)."""
+        (result,) = self.read_batch(region, [(path, offset, length, range)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def read_batch(
+        self,
+        region: Region,
+        items: Sequence[Tuple[str, int, Optional[int], Optional[Range]]],
+    ) -> List[Union[ReadInfo, HydrantError]]:
+        """Several reads into one region in one request: items ``(path, offset, length,
+        range)``; a :class:`ReadInfo` or the exception of each, in order."""
+        native_items = []
+        for path, offset, length, range in items:
+            bucket, key = _split(path)
+            start, end = _range(range)
+            if offset < 0 or offset > len(region):
+                raise UsageError(f"offset {offset} is outside the region's {len(region)} bytes")
+            if length is None:
+                length = len(region) - offset
+            native_items.append((offset, length, bucket, key, start, end))
+        results = self._native.read(region._native, native_items)
+        return [result if isinstance(result, BaseException) else ReadInfo(*result) for result in results]
+
+    def free(self, region: Region) -> None:
+        """Give the server's side of ``region`` back now (else when the connection closes)."""
+        self._native.free(region._native)

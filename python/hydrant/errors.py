@@ -109,6 +109,11 @@ class BufferTooSmall(HydrantError, ValueError):
         self.capacity = capacity
 
 
+class CudaUnavailable(HydrantError):
+    """A region could not be registered with CUDA (no runtime library, no driver, no device);
+    it works as before, unpinned."""
+
+
 class LocalError(HydrantError, OSError):
     """The caller's file or reader failed, or a stream broke off part-way."""
 

@@ -9,8 +9,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use hydrant_client::local::{LocalClient, LocalGet, Region};
 use hydrant_client::{ClientConfig, ClientError, GetItem, ObjectInfo, SharedClient};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
@@ -77,24 +77,26 @@ fn range_of(start: Option<u64>, end: Option<u64>) -> Option<(u64, Option<u64>)> 
 }
 
 impl NativeClient {
-    /// The client to use in this process: the one made here, or (after a fork) a new one.
+    /// The client to use in this process: the one made here, or (after a fork) a new one. The
+    /// lock is taken with the GIL released, so that a thread holding it never waits for the
+    /// GIL that a thread waiting for it holds.
     fn client(&self, py: Python<'_>) -> PyResult<SharedClient> {
-        let mut owned = self
-            .owned
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("the client's lock is poisoned"))?;
-        let pid = std::process::id();
-        if owned.pid != pid {
-            let config = self.config.clone();
-            let fresh = py
-                .detach(|| SharedClient::connect(config))
-                .map_err(|error| python_error(py, error))?;
-            // The parent's connections are the parent's: their sockets are left open here
-            // (closing them could not disturb the parent, but shutting them down would).
-            std::mem::forget(std::mem::replace(&mut owned.client, fresh));
-            owned.pid = pid;
-        }
-        Ok(owned.client.clone())
+        py.detach(|| {
+            let mut owned = self
+                .owned
+                .lock()
+                .map_err(|_| ClientError::Usage("the client's lock is poisoned".into()))?;
+            let pid = std::process::id();
+            if owned.pid != pid {
+                let fresh = SharedClient::connect(self.config.clone())?;
+                // The parent's connections are the parent's: their sockets are left open here
+                // (closing them could not disturb the parent, but shutting them down would).
+                std::mem::forget(std::mem::replace(&mut owned.client, fresh));
+                owned.pid = pid;
+            }
+            Ok(owned.client.clone())
+        })
+        .map_err(|error| python_error(py, error))
     }
 
     /// Run `call` on this process's client with the GIL released.
@@ -384,9 +386,175 @@ impl std::io::Read for PyReader {
     }
 }
 
+/// A connection to a server's same-host socket (`hydrant_client::local::LocalClient`). Its
+/// regions belong to it; it is not for use across `fork()` (a child makes its own).
+#[pyclass(frozen, module = "hydrant._hydrant")]
+struct NativeLocal {
+    pid: u32,
+    client: Mutex<LocalClient>,
+}
+
+/// A region shared with the server: the Python layer sees its bytes through a ctypes array at
+/// `address` (which keeps this object alive), so NumPy and torch wrap them without a copy.
+#[pyclass(frozen, module = "hydrant._hydrant")]
+struct NativeRegion {
+    address: usize,
+    length: usize,
+    huge_pages: bool,
+    region: Mutex<Option<Region>>,
+}
+
+fn lock_error<T>(_: T) -> ClientError {
+    ClientError::Usage("a lock of the same-host client is poisoned".into())
+}
+
+#[pymethods]
+impl NativeLocal {
+    #[new]
+    fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<NativeLocal> {
+        let client = py
+            .detach(|| LocalClient::connect(&path))
+            .map_err(|error| python_error(py, error))?;
+        Ok(NativeLocal {
+            pid: std::process::id(),
+            client: Mutex::new(client),
+        })
+    }
+
+    fn allocate(&self, py: Python<'_>, bytes: u64) -> PyResult<NativeRegion> {
+        self.same_process()?;
+        let mut region = py
+            .detach(|| self.locked_client()?.allocate(bytes))
+            .map_err(|error| python_error(py, error))?;
+        Ok(NativeRegion {
+            address: region.as_mut_ptr() as usize,
+            length: region.len(),
+            huge_pages: region.huge_pages(),
+            region: Mutex::new(Some(region)),
+        })
+    }
+
+    /// Reads into `region`: items (offset, length, bucket, key, start, end); each item's
+    /// (size, range start, written) or the exception it failed with.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        region: &NativeRegion,
+        items: Vec<(u64, u64, String, String, Option<u64>, Option<u64>)>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        self.same_process()?;
+        let items: Vec<LocalGet> = items
+            .into_iter()
+            .map(|(offset, length, bucket, key, start, end)| LocalGet {
+                offset,
+                length,
+                bucket,
+                key,
+                range: range_of(start, end),
+            })
+            .collect();
+        let results = py
+            .detach(|| {
+                let mut client = self.locked_client()?;
+                let mut held = region.region.lock().map_err(lock_error)?;
+                let region = held
+                    .as_mut()
+                    .ok_or_else(|| ClientError::Usage("the region was freed".into()))?;
+                client.read_batch(region, &items)
+            })
+            .map_err(|error| python_error(py, error))?;
+        results
+            .into_iter()
+            .map(|result| match result {
+                Ok(info) => Ok((info.object_bytes, info.range_start, info.written)
+                    .into_pyobject(py)?
+                    .into_any()),
+                Err(error) => Ok(python_error(py, error)
+                    .into_value(py)
+                    .into_bound(py)
+                    .into_any()),
+            })
+            .collect()
+    }
+
+    /// Give the server's side of `region` back now (its mapping stays while Python holds it).
+    fn free(&self, py: Python<'_>, region: &NativeRegion) -> PyResult<()> {
+        self.same_process()?;
+        py.detach(|| {
+            let taken = region.region.lock().map_err(lock_error)?.take();
+            match taken {
+                // The mapping is unmapped when `taken` drops: only after the server let go.
+                Some(taken) => self.locked_client()?.free(taken),
+                None => Ok(()),
+            }
+        })
+        .map_err(|error| python_error(py, error))
+    }
+}
+
+impl NativeLocal {
+    /// The connection, locked (call with the GIL released, see `NativeClient::client`).
+    fn locked_client(&self) -> hydrant_client::Result<std::sync::MutexGuard<'_, LocalClient>> {
+        self.client.lock().map_err(lock_error)
+    }
+
+    fn same_process(&self) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "a same-host client is not shared with a forked process: make a LocalClient in the child",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl NativeRegion {
+    #[getter]
+    fn address(&self) -> usize {
+        self.address
+    }
+
+    #[getter]
+    fn length(&self) -> usize {
+        self.length
+    }
+
+    #[getter]
+    fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// Register with CUDA (page-locked for DMA); (ok, why not) so that Python raises its typed
+    /// error.
+    fn register_cuda(&self, py: Python<'_>) -> (bool, String) {
+        py.detach(|| {
+            let Ok(mut held) = self.region.lock() else {
+                return (false, "the region's lock is poisoned".into());
+            };
+            match held.as_mut().map(Region::register_cuda) {
+                None => (false, "the region was freed".into()),
+                Some(Ok(())) => (true, String::new()),
+                Some(Err(error)) => (false, error.to_string()),
+            }
+        })
+    }
+
+    #[getter]
+    fn cuda_registered(&self, py: Python<'_>) -> bool {
+        py.detach(|| {
+            self.region
+                .lock()
+                .is_ok_and(|held| held.as_ref().is_some_and(Region::cuda_registered))
+        })
+    }
+}
+
 #[pymodule]
 fn _hydrant(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<NativeClient>()?;
+    module.add_class::<NativeLocal>()?;
+    module.add_class::<NativeRegion>()?;
     module.add("PROTOCOL_STATUSES", status_table())?;
     Ok(())
 }
