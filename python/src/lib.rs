@@ -404,6 +404,9 @@ struct NativeRegion {
     region: Mutex<Option<Region>>,
 }
 
+/// A same-host read as Python sends it: (offset, length, bucket, key, start, end).
+type LocalItem = (u64, u64, String, String, Option<u64>, Option<u64>);
+
 fn lock_error<T>(_: T) -> ClientError {
     ClientError::Usage("a lock of the same-host client is poisoned".into())
 }
@@ -440,7 +443,7 @@ impl NativeLocal {
         &self,
         py: Python<'py>,
         region: &NativeRegion,
-        items: Vec<(u64, u64, String, String, Option<u64>, Option<u64>)>,
+        items: Vec<LocalItem>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         self.same_process()?;
         let items: Vec<LocalGet> = items
