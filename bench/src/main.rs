@@ -25,6 +25,7 @@ mod nginx_bench;
 mod origin_bench;
 mod plot;
 mod policy_bench;
+mod python_bench;
 mod redis;
 mod s3_reader_bench;
 mod serve;
@@ -64,6 +65,9 @@ enum Command {
     /// A boto3 reader of a dataset through hydrant's S3 endpoint (warm) vs the same reader
     /// straight from a slow S3 origin.
     S3Reader(s3_reader_bench::S3ReaderArgs),
+    /// The Python package (hydrant.Client, 16 threads) vs the Rust client vs boto3 through the
+    /// S3 endpoint: GETs of 1 MiB and 4 KiB on the same server and objects.
+    Python(python_bench::PythonArgs),
     /// The same-host path (shared region over a Unix socket) vs TCP on loopback vs fio on the
     /// same file: 1 MiB reads, throughput and CPU seconds per GiB.
     Local(local_bench::LocalArgs),
@@ -153,6 +157,7 @@ fn main() -> ExitCode {
         Command::Origin(args) => origin_bench::origin(args),
         Command::Nginx(args) => nginx_bench::nginx(args),
         Command::S3Reader(args) => s3_reader_bench::s3_reader(args),
+        Command::Python(args) => python_bench::python(args),
         Command::Local(args) => local_bench::local(args),
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),

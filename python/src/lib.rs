@@ -77,36 +77,33 @@ fn range_of(start: Option<u64>, end: Option<u64>) -> Option<(u64, Option<u64>)> 
 }
 
 impl NativeClient {
-    /// The client to use in this process: the one made here, or (after a fork) a new one. The
-    /// lock is taken with the GIL released, so that a thread holding it never waits for the
-    /// GIL that a thread waiting for it holds.
-    fn client(&self, py: Python<'_>) -> PyResult<SharedClient> {
-        py.detach(|| {
-            let mut owned = self
-                .owned
-                .lock()
-                .map_err(|_| ClientError::Usage("the client's lock is poisoned".into()))?;
-            let pid = std::process::id();
-            if owned.pid != pid {
-                let fresh = SharedClient::connect(self.config.clone())?;
-                // The parent's connections are the parent's: their sockets are left open here
-                // (closing them could not disturb the parent, but shutting them down would).
-                std::mem::forget(std::mem::replace(&mut owned.client, fresh));
-                owned.pid = pid;
-            }
-            Ok(owned.client.clone())
-        })
-        .map_err(|error| python_error(py, error))
+    /// The client to use in this process: the one made here, or (after a fork) a new one. Call
+    /// with the GIL released, so that a thread holding the lock never waits for the GIL that a
+    /// thread waiting for the lock holds.
+    fn client_detached(&self) -> hydrant_client::Result<SharedClient> {
+        let mut owned = self
+            .owned
+            .lock()
+            .map_err(|_| ClientError::Usage("the client's lock is poisoned".into()))?;
+        let pid = std::process::id();
+        if owned.pid != pid {
+            let fresh = SharedClient::connect(self.config.clone())?;
+            // The parent's connections are the parent's: their sockets are left open here
+            // (closing them could not disturb the parent, but shutting them down would).
+            std::mem::forget(std::mem::replace(&mut owned.client, fresh));
+            owned.pid = pid;
+        }
+        Ok(owned.client.clone())
     }
 
-    /// Run `call` on this process's client with the GIL released.
+    /// Run `call` on this process's client with the GIL released (once per call: a small GET
+    /// is dominated by the GIL's hand-offs).
     fn run<T: Send>(
         &self,
         py: Python<'_>,
         call: impl FnOnce(&SharedClient) -> hydrant_client::Result<T> + Send,
     ) -> PyResult<T> {
-        let client = self.client(py)?;
-        py.detach(|| call(&client))
+        py.detach(|| call(&self.client_detached()?))
             .map_err(|error| python_error(py, error))
     }
 }
@@ -163,7 +160,7 @@ impl NativeClient {
 
     /// The servers, as given.
     fn servers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        Ok(self.client(py)?.servers().to_vec())
+        self.run(py, |client| Ok(client.servers().to_vec()))
     }
 
     #[pyo3(signature = (bucket, key, start=None, end=None))]
