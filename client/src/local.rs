@@ -391,6 +391,8 @@ struct Slot {
 pub struct Completed<'a> {
     pub info: ReadInfo,
     pub data: &'a [u8],
+    /// The slot the bytes are in (see `ReadRing::slot_memory`).
+    pub slot: usize,
 }
 
 impl ReadRing {
@@ -436,6 +438,15 @@ impl ReadRing {
         self.slots.len()
     }
 
+    /// Where slot `index`'s region is mapped, and its length: for handing its bytes to code
+    /// that cannot hold a borrow of the ring (the Python package's views). The mapping lives as
+    /// long as the ring; a slot's bytes change when a read is submitted into it.
+    pub fn slot_memory(&self, index: usize) -> Option<(*const u8, usize)> {
+        self.slots
+            .get(index)
+            .map(|slot| (slot.region.as_slice().as_ptr(), slot.region.len()))
+    }
+
     /// Start a read into the next free slot; an error when every slot is taken.
     pub fn submit(
         &mut self,
@@ -479,6 +490,7 @@ impl ReadRing {
         Some(result.map(|info| Completed {
             info,
             data: &slot.region.as_slice()[..info.written as usize],
+            slot: index,
         }))
     }
 }

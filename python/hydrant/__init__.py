@@ -20,7 +20,7 @@ import os
 from typing import Any, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import errors
-from ._hydrant import NativeClient, NativeLocal, NativeRegion
+from ._hydrant import NativeClient, NativeLocal, NativeRegion, NativeRing
 from .errors import (
     BufferTooSmall,
     Busy,
@@ -49,6 +49,8 @@ __all__ = [
     "Client",
     "LocalClient",
     "Region",
+    "ReadRing",
+    "Completion",
     "ReadInfo",
     "ObjectInfo",
     "ListEntry",
@@ -495,3 +497,59 @@ class LocalClient:
     def free(self, region: Region) -> None:
         """Give the server's side of ``region`` back now (else when the connection closes)."""
         self._native.free(region._native)
+
+
+class Completion(NamedTuple):
+    """A read of a :class:`ReadRing`: what it did, the slot it is in, and its bytes (a ctypes
+    array over the slot: ``numpy.frombuffer(done.data, dtype)`` wraps it without a copy). The
+    bytes stay as they are until a later ``submit`` reuses the slot."""
+
+    info: ReadInfo
+    slot: int
+    data: Any
+
+
+class ReadRing:
+    """Several same-host reads in flight: ``slots`` connections, each with a region of
+    ``slot_bytes``; ``submit`` starts a read into a free slot, ``complete`` waits for the
+    oldest. Keep up to ``slots`` reads submitted and the server works on the next while the
+    caller uses the last::
+
+        ring = hydrant.ReadRing("/run/hydrant.sock", slots=4, slot_bytes=64 << 20)
+        for path in paths[:4]:
+            ring.submit(path)
+        while (done := ring.complete()) is not None:
+            batch = torch.frombuffer(done.data, dtype=torch.uint8)   # no copy
+            ...                                                       # use it before the slot is reused
+            if more: ring.submit(next_path)
+    """
+
+    def __init__(self, socket_path: Union[str, "os.PathLike[str]"], slots: int = 4, slot_bytes: int = 64 << 20):
+        self._native = NativeRing(os.fspath(socket_path), int(slots), int(slot_bytes))
+        self._slots = self._native.slot_memory()
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def submit(self, path: str, range: Optional[Range] = None) -> None:
+        """Start reading the object (or ``range``) into the next free slot; :class:`UsageError`
+        when every slot holds a read not yet taken by ``complete``."""
+        bucket, key = _split(path)
+        start, end = _range(range)
+        self._native.submit(bucket, key, start, end)
+
+    def complete(self) -> Optional[Completion]:
+        """The oldest submitted read, once done (waiting for it with the GIL released); ``None``
+        when nothing is in flight. A read that failed raises its exception."""
+        done = self._native.complete()
+        if done is None:
+            return None
+        if isinstance(done, BaseException):
+            raise done
+        slot, info = done
+        info = ReadInfo(*info)
+        address, _ = self._slots[slot]
+        data = (ctypes.c_char * info.written).from_address(address)
+        data._hydrant_ring = self._native  # type: ignore[attr-defined]
+        return Completion(info, slot, data)

@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hydrant_client::local::{LocalClient, LocalGet, Region};
+use hydrant_client::local::{LocalClient, LocalGet, ReadRing, Region};
 use hydrant_client::{ClientConfig, ClientError, GetItem, ObjectInfo, SharedClient};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -550,8 +550,105 @@ impl NativeRegion {
     }
 }
 
+/// Several same-host reads in flight (`hydrant_client::local::ReadRing`): one connection and
+/// region per slot. The Python layer views each slot's bytes at `slot_memory`.
+#[pyclass(frozen, module = "hydrant._hydrant")]
+struct NativeRing {
+    pid: u32,
+    slots: Vec<(usize, usize)>,
+    ring: Mutex<ReadRing>,
+}
+
+#[pymethods]
+impl NativeRing {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        slots: usize,
+        slot_bytes: u64,
+    ) -> PyResult<NativeRing> {
+        let ring = py
+            .detach(|| ReadRing::new(&path, slots, slot_bytes))
+            .map_err(|error| python_error(py, error))?;
+        let slots = (0..ring.slots())
+            .filter_map(|index| ring.slot_memory(index))
+            .map(|(address, length)| (address as usize, length))
+            .collect();
+        Ok(NativeRing {
+            pid: std::process::id(),
+            slots,
+            ring: Mutex::new(ring),
+        })
+    }
+
+    /// (address, length) of each slot's region.
+    fn slot_memory(&self) -> Vec<(usize, usize)> {
+        self.slots.clone()
+    }
+
+    #[pyo3(signature = (bucket, key, start=None, end=None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> PyResult<()> {
+        self.same_process()?;
+        py.detach(|| {
+            self.ring
+                .lock()
+                .map_err(lock_error)?
+                .submit(bucket, key, range_of(start, end))
+        })
+        .map_err(|error| python_error(py, error))
+    }
+
+    /// The oldest read, once complete: (slot, (size, range start, written)) or the exception
+    /// it failed with as (slot, exception); `None` when nothing is in flight.
+    fn complete<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.same_process()?;
+        let done = py.detach(|| {
+            let mut ring = self.ring.lock().map_err(lock_error)?;
+            Ok::<_, ClientError>(
+                ring.complete()
+                    .map(|result| result.map(|completed| (completed.slot, completed.info))),
+            )
+        });
+        let done = done.map_err(|error| python_error(py, error))?;
+        Ok(match done {
+            None => None,
+            Some(Ok((slot, info))) => Some(
+                (slot, (info.object_bytes, info.range_start, info.written))
+                    .into_pyobject(py)?
+                    .into_any(),
+            ),
+            Some(Err(error)) => Some(
+                python_error(py, error)
+                    .into_value(py)
+                    .into_bound(py)
+                    .into_any(),
+            ),
+        })
+    }
+}
+
+impl NativeRing {
+    fn same_process(&self) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "a read ring is not shared with a forked process: make one in the child",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[pymodule]
 fn _hydrant(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<NativeRing>()?;
     module.add_class::<NativeClient>()?;
     module.add_class::<NativeLocal>()?;
     module.add_class::<NativeRegion>()?;

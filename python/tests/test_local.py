@@ -115,3 +115,34 @@ def test_a_local_client_is_not_shared_with_a_forked_child(local_server):
     answer = os.read(reader, 16)
     os.waitpid(child, 0)
     assert answer == b"refused"
+
+
+def test_a_ring_keeps_several_reads_in_flight_and_hands_each_back_in_order(local_server):
+    client = local_server.client(retries=0)
+    objects = {f"ring/{index}": payload(100 + index, 300_000 + index * 1000) for index in range(12)}
+    for path, data in objects.items():
+        client.put(path, data)
+    ring = hydrant.ReadRing(local_server.socket_path, slots=3, slot_bytes=1 << 20)
+    assert ring.slots == 3
+    paths = list(objects)
+    for path in paths[:3]:
+        ring.submit(path)
+    with pytest.raises(hydrant.UsageError):
+        ring.submit(paths[3])
+    pending = iter(paths[3:])
+    seen = []
+    while (done := ring.complete()) is not None:
+        path = paths[len(seen)]
+        assert done.info.written == len(objects[path])
+        assert numpy.frombuffer(done.data, dtype=numpy.uint8).tobytes() == objects[path]
+        seen.append(path)
+        following = next(pending, None)
+        if following is not None:
+            ring.submit(following)
+    assert seen == paths
+    ring.submit("ring/missing")
+    with pytest.raises(hydrant.NotFound):
+        ring.complete()
+    ring.submit("ring/0", range=(10, 20))
+    done = ring.complete()
+    assert bytes(done.data) == objects["ring/0"][10:20]
