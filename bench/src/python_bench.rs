@@ -5,7 +5,10 @@
 //!   client, each thread reading into its own buffer with `get_into`);
 //! - the Rust client (`SharedClient::get_into`, the same number of threads) — what the Python
 //!   layer adds is the difference;
-//! - boto3 in Python through hydrant's S3 endpoint (the same script, `boto3`).
+//! - boto3 in Python through hydrant's S3 endpoint (the same script, `boto3`);
+//! - with `--s3`, boto3 in Python reading the same objects straight from an S3 origin that
+//!   answers like S3 Standard (the S3-compatible server behind hydrant-fault-proxy at 50–150 ms
+//!   per request): what the user had before hydrant.
 //!
 //! Rounds alternate the order. The server runs in this process; every load shares the machine's
 //! cores with it, so the figures are ratios.
@@ -44,16 +47,33 @@ pub struct PythonArgs {
     /// The Python interpreter that has the hydrant package (pip install ./python) and boto3.
     #[arg(long, default_value = "python3")]
     python: String,
+    /// An S3-compatible server (e.g. `moto_server -p 5598`), HOST:PORT: boto3 also reads the
+    /// objects from it through the latency proxy.
+    #[arg(long)]
+    s3: Option<String>,
+    /// The origin's latency through the proxy, MIN-MAX milliseconds.
+    #[arg(long, default_value = "50-150")]
+    delay_ms: String,
 }
 
 fn python_rate(args: &PythonArgs, mode: &str, endpoint: &str, size: usize) -> Result<f64, String> {
+    python_rate_bucket(args, mode, endpoint, "pybench", size)
+}
+
+fn python_rate_bucket(
+    args: &PythonArgs,
+    mode: &str,
+    endpoint: &str,
+    bucket: &str,
+    size: usize,
+) -> Result<f64, String> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/scripts/python_client_bench.py"
     );
     let output = Command::new(&args.python)
         .arg(script)
-        .args([mode, endpoint, "pybench"])
+        .args([mode, endpoint, bucket])
         .args([
             args.objects.to_string(),
             size.to_string(),
@@ -125,6 +145,21 @@ pub fn python(args: PythonArgs) -> Result<(), String> {
     );
     println!("| size | round | Rust GETs/s | Python hydrant GETs/s | Python boto3 via S3 GETs/s | Python/Rust | Python/boto3 |");
     println!("|---|---|---:|---:|---:|---:|---:|");
+    // The origin: a bucket of the S3 server, read through the latency proxy.
+    let origin = match &args.s3 {
+        Some(s3) => {
+            let bucket = format!("pybench-{}", std::process::id());
+            crate::origin_bench::create_bucket(s3, &bucket)?;
+            let (proxy, endpoint) = crate::origin_bench::start_slow_origin(s3, &args.delay_ms)?;
+            Some((bucket, proxy, endpoint))
+        }
+        None => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
     let mut medians = Vec::new();
     for &size in &args.sizes {
         let path = args.dir.join("python-bench.hyd");
@@ -145,6 +180,13 @@ pub fn python(args: PythonArgs) -> Result<(), String> {
         )
         .map_err(|error| error.to_string())?;
         let mut state = 0x9e37_79b9u64;
+        let direct = match (&origin, &args.s3) {
+            (Some((bucket, _, _)), Some(s3)) => Some(crate::origin_bench::s3_store(
+                &format!("http://{s3}"),
+                bucket,
+            )?),
+            _ => None,
+        };
         for index in 0..args.objects {
             let data: Vec<u8> = (0..size)
                 .map(|_| {
@@ -154,11 +196,21 @@ pub fn python(args: PythonArgs) -> Result<(), String> {
                     state as u8
                 })
                 .collect();
+            if let Some(direct) = &direct {
+                use object_store::ObjectStoreExt;
+                runtime
+                    .block_on(direct.put(
+                        &object_store::path::Path::from(format!("obj-{index}")),
+                        object_store::PutPayload::from(data.clone()),
+                    ))
+                    .map_err(|error| error.to_string())?;
+            }
             client
                 .put("pybench", &format!("obj-{index}"), &data)
                 .map_err(|error| error.to_string())?;
         }
         let (mut python_rust, mut python_boto3) = (Vec::new(), Vec::new());
+        let mut python_rates = Vec::new();
         for round in 1..=args.rounds {
             let mut rates = [0.0f64; 3];
             for turn in 0..3 {
@@ -170,6 +222,7 @@ pub fn python(args: PythonArgs) -> Result<(), String> {
                 };
             }
             let [rust, python, boto3] = rates;
+            python_rates.push(python);
             python_rust.push(python / rust);
             python_boto3.push(python / boto3);
             println!(
@@ -179,6 +232,19 @@ pub fn python(args: PythonArgs) -> Result<(), String> {
             );
         }
         server.stop().map_err(|error| error.to_string())?;
+        if let Some((bucket, _, endpoint)) = &origin {
+            // One measurement: the origin's rate is set by its latency, not by noise.
+            let from_origin = python_rate_bucket(&args, "boto3", endpoint, bucket, size)?;
+            let python = median(&mut python_rates);
+            println!(
+                "| {size} | origin | boto3 straight from the origin: {from_origin:.0} GETs/s | Python hydrant / origin: {:.1} |",
+                python / from_origin
+            );
+            medians.push(format!(
+                "median python/origin ({size} bytes) = {:.1}",
+                python / from_origin
+            ));
+        }
         medians.push(format!(
             "median python/rust ({size} bytes) = {:.2}\nmedian python/boto3-s3 ({size} bytes) = {:.2}",
             median(&mut python_rust),
