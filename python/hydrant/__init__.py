@@ -75,6 +75,8 @@ __all__ = [
     "UsageError",
     "BufferTooSmall",
     "CudaUnavailable",
+    "BATCH_ITEMS_MAX",
+    "BATCHES_IN_FLIGHT",
     "LocalError",
 ]
 
@@ -84,6 +86,8 @@ DEFAULT_SERVER = "127.0.0.1:7700"
 LIST_PAGE_MAX = 1000
 #: Items of one BATCH_GET request the client sends at most; longer batches are split.
 BATCH_ITEMS_MAX = 256
+#: BATCH_GET requests one ``batch_get`` keeps in flight at most.
+BATCHES_IN_FLIGHT = 4
 
 Range = Tuple[int, Optional[int]]
 
@@ -361,26 +365,52 @@ class Client:
         ordered: bool = False,
     ) -> Iterator[Tuple[str, Union[bytes, HydrantError]]]:
         """Read many objects (``path`` or ``(path, range)``) in few requests: yields
-        ``(path, bytes)``, or ``(path, exception)`` for an item that failed on its own. Items
-        are sent :data:`BATCH_ITEMS_MAX` to a request; each request's results come as it
-        completes (in the order asked with ``ordered``)."""
-        batch: List[Tuple[str, str, str, Optional[int], Optional[int]]] = []
+        ``(path, bytes)``, or ``(path, exception)`` for an item that failed on its own.
 
-        def send() -> Iterator[Tuple[str, Union[bytes, HydrantError]]]:
+        Items go :data:`BATCH_ITEMS_MAX` to a request, :data:`BATCHES_IN_FLIGHT` requests at
+        once; results come a request at a time as requests complete (with ``ordered``, in the
+        order of ``items``). ``items`` is consumed as the iteration goes, so a long or endless
+        iterable holds at most the requests in flight in memory."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        def send(batch):
             results = self._native.batch_get([item[1:] for item in batch], ordered)
-            for (path, *_), (_, data, error) in zip(batch, results):
-                yield path, (error if error is not None else data)
-            batch.clear()
+            return [(path, error if error is not None else data)
+                    for (path, *_), (_, data, error) in zip(batch, results)]
 
-        for item in items:
-            path, range = (item, None) if isinstance(item, str) else item
-            bucket, key = _split(path)
-            start, end = _range(range)
-            batch.append((path, bucket, key, start, end))
-            if len(batch) == BATCH_ITEMS_MAX:
-                yield from send()
-        if batch:
-            yield from send()
+        def batches():
+            batch = []
+            for item in items:
+                path, range = (item, None) if isinstance(item, str) else item
+                bucket, key = _split(path)
+                start, end = _range(range)
+                batch.append((path, bucket, key, start, end))
+                if len(batch) == BATCH_ITEMS_MAX:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+        with ThreadPoolExecutor(max_workers=BATCHES_IN_FLIGHT) as pool:
+            pending = []  # in submission order
+            source = batches()
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < BATCHES_IN_FLIGHT:
+                    batch = next(source, None)
+                    if batch is None:
+                        exhausted = True
+                    else:
+                        pending.append(pool.submit(send, batch))
+                if not pending:
+                    return
+                if ordered:
+                    done = pending.pop(0)
+                else:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    done = next(future for future in pending if future in finished)
+                    pending.remove(done)
+                yield from done.result()
 
     def prefetch(self, prefix: str) -> Tuple[int, int]:
         """Read every object of ``BUCKET[/PREFIX]`` through from the origin into the node's

@@ -148,6 +148,20 @@ def test_batch_get_of_a_thousand_keys(client):
     assert len(got) == 1000
     for index, path in enumerate(paths):
         assert got[path] == payload(index, 1000 + index)
+    in_order = [path for path, _ in client.batch_get(paths, ordered=True)]
+    assert in_order == paths, "ordered: the order of the items"
+    # A generator of items is consumed as the iteration goes.
+    consumed = []
+
+    def lazily():
+        for path in paths * 5:
+            consumed.append(path)
+            yield path
+
+    stream = client.batch_get(lazily())
+    next(stream)
+    assert len(consumed) <= hydrant.BATCH_ITEMS_MAX * (hydrant.BATCHES_IN_FLIGHT + 1) < 5000
+    assert len(list(stream)) == 4999
     ordered = list(client.batch_get([(paths[5], (10, 20)), "pytest-batch/missing", paths[7]], ordered=True))
     assert ordered[0] == (paths[5], payload(5, 1005)[10:20])
     assert ordered[1][0] == "pytest-batch/missing" and isinstance(ordered[1][1], hydrant.NotFound)
