@@ -493,18 +493,13 @@ impl NativeLocal {
 }
 
 impl NativeLocal {
-    /// The connection, locked (call with the GIL released, see `NativeClient::client`).
+    /// The connection, locked (call with the GIL released, see `NativeClient::client_detached`).
     fn locked_client(&self) -> hydrant_client::Result<std::sync::MutexGuard<'_, LocalClient>> {
         self.client.lock().map_err(lock_error)
     }
 
     fn same_process(&self) -> PyResult<()> {
-        if std::process::id() != self.pid {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                "a same-host client is not shared with a forked process: make a LocalClient in the child",
-            ));
-        }
-        Ok(())
+        same_process(self.pid, "a same-host client")
     }
 }
 
@@ -637,13 +632,19 @@ impl NativeRing {
 
 impl NativeRing {
     fn same_process(&self) -> PyResult<()> {
-        if std::process::id() != self.pid {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                "a read ring is not shared with a forked process: make one in the child",
-            ));
-        }
-        Ok(())
+        same_process(self.pid, "a read ring")
     }
+}
+
+/// Refuse `what`, made in process `pid`, in another (a forked child): its connection and
+/// regions are its parent's.
+fn same_process(pid: u32, what: &str) -> PyResult<()> {
+    if std::process::id() != pid {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "{what} is not shared with a forked process: make one in the child"
+        )));
+    }
+    Ok(())
 }
 
 #[pymodule]

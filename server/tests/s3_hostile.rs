@@ -1151,6 +1151,19 @@ fn bodiless(address: &str, method: &str, target: &str) -> Answer {
     answered(exchange(address, request.as_bytes()), method)
 }
 
+/// CompleteMultipartUpload of upload `id` of `key` with its part 1, as `uploaded` answered it.
+fn complete_one_part(address: &str, key: &str, id: &str, uploaded: &Answer) -> Answer {
+    let etag = uploaded.header("ETag").expect("the part's ETag");
+    let body = format!(
+        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+    );
+    let request = format!(
+        "POST /{BUCKET}/{key}?uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    answered(exchange(address, request.as_bytes()), "Complete")
+}
+
 /// The text of the first `<tag>` of an XML answer.
 fn xml_field(answer: &Answer, tag: &str) -> Option<String> {
     let text = answer.text();
@@ -1204,18 +1217,7 @@ fn an_abandoned_multipart_upload_expires_and_its_parts_are_freed() {
     );
     assert_eq!(parts.status, 404, "{}", parts.text());
     assert_eq!(parts.error_code().as_deref(), Some("NoSuchUpload"));
-    let etag = uploaded
-        .header("ETag")
-        .expect("the part's ETag")
-        .to_string();
-    let body = format!(
-        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
-    );
-    let request = format!(
-        "POST /{BUCKET}/abandoned?uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let completed = answered(exchange(&address, request.as_bytes()), "Complete");
+    let completed = complete_one_part(&address, "abandoned", &id, &uploaded);
     assert_eq!(completed.status, 404, "{}", completed.text());
     assert_eq!(completed.error_code().as_deref(), Some("NoSuchUpload"));
     assert_absent(&address, "abandoned", "an expired upload");
@@ -1334,18 +1336,7 @@ fn an_unsigned_aws_chunked_put_is_decoded_and_its_trailing_checksum_checked() {
         "UploadPart",
     );
     assert_eq!(uploaded.status, 200, "{}", uploaded.text());
-    let etag = uploaded
-        .header("ETag")
-        .expect("the part's ETag")
-        .to_string();
-    let body = format!(
-        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
-    );
-    let request = format!(
-        "POST /{BUCKET}/assembled?uploadId={id} HTTP/1.1\r\nHost: s3\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let completed = answered(exchange(&address, request.as_bytes()), "Complete");
+    let completed = complete_one_part(&address, "assembled", &id, &uploaded);
     assert_eq!(completed.status, 200, "{}", completed.text());
     assert_holds(
         &address,
