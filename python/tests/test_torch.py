@@ -1,0 +1,144 @@
+"""hydrant.torch against a real hydrant-server: datasets across ranks and workers, resuming with
+torchdata's StatefulDataLoader, checkpoints with save/load, map-style ranges, tar samples."""
+
+import io
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hydrant  # noqa: E402
+import hydrant.torch  # noqa: E402
+
+OBJECTS = 40
+
+
+@pytest.fixture(scope="module")
+def shards(server):
+    client = server.client(retries=0)
+    paths = [f"torch-shards/shard-{index:03}" for index in range(OBJECTS)]
+    for index, path in enumerate(paths):
+        client.put(path, bytes([index]) * (1000 + index))
+    return paths
+
+
+def interleave(*lists):
+    """What a DataLoader with one worker per list yields: one item of each in turn."""
+    out = []
+    for position in range(max(map(len, lists))):
+        out.extend(items[position] for items in lists if position < len(items))
+    return out
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_ranks_with_two_workers_read_every_object_once_per_epoch(server, shards, tmp_path):
+    port = free_port()
+    script = Path(__file__).with_name("torch_rank.py")
+    outputs = [tmp_path / f"rank-{rank}.json" for rank in range(2)]
+    ranks = [
+        subprocess.Popen([sys.executable, str(script), str(rank), "2", str(port), server.address,
+                          "torch-shards/", str(outputs[rank])])
+        for rank in range(2)
+    ]
+    for process in ranks:
+        assert process.wait(timeout=300) == 0
+    read = [json.loads(output.read_text()) for output in outputs]
+    expected = hydrant.torch.ShardDataset(shards, client=server.client(), seed=7)
+    for epoch in range(2):
+        everything = read[0][epoch] + read[1][epoch]
+        assert sorted(everything) == shards, f"epoch {epoch}: every object exactly once"
+        order = expected.order(epoch)
+        for rank in range(2):
+            share = order[rank::2]
+            assert read[rank][epoch] == interleave(share[0::2], share[1::2]), (
+                f"rank {rank}, epoch {epoch}: the order the seed gives"
+            )
+    assert read[0][0] != read[0][1], "another order each epoch"
+    assert expected.order(0) == hydrant.torch.ShardDataset(shards, client=server.client(), seed=7).order(0)
+    assert expected.order(0) != hydrant.torch.ShardDataset(shards, client=server.client(), seed=8).order(0)
+
+
+def test_a_stateful_dataloader_stopped_mid_epoch_resumes_with_exactly_the_rest(server, shards):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        dataset = hydrant.torch.ShardDataset(
+            "torch-shards/", client=server.client(), seed=3, transform=lambda path, data: path
+        )
+        dataset.set_epoch(5)
+        return stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+
+    first = loader()
+    taken = []
+    for path in first:
+        taken.append(path)
+        if len(taken) == 13:
+            break
+    state = first.state_dict()
+    del first
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(taken) + len(rest) == OBJECTS
+    assert sorted(taken + rest) == shards, "nothing read twice, nothing missed"
+
+
+def test_save_and_load_a_model_state_dict(server):
+    client = server.client()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1200}
+    hydrant.torch.save(state, "torch-ckpt/step-1200.pt", client=client)
+    loaded = hydrant.torch.load("torch-ckpt/step-1200.pt", client=client)
+    assert loaded["step"] == 1200
+    for name, tensor in state["model"].items():
+        assert torch.equal(loaded["model"][name], tensor), name
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    with pytest.raises(hydrant.NotFound):
+        hydrant.torch.load("torch-ckpt/none.pt", client=client)
+
+
+def test_a_map_dataset_reads_objects_and_ranges_by_index(server, shards):
+    dataset = hydrant.torch.MapDataset(
+        [shards[0], (shards[5], (10, 20)), shards[7]], client=server.client()
+    )
+    assert len(dataset) == 3
+    assert dataset[0] == bytes([0]) * 1000
+    assert dataset[1] == bytes([5]) * 10
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    assert [len(item) for item in loader] == [1000, 10, 1007]
+    assert len(hydrant.torch.MapDataset("torch-shards/", client=server.client())) == OBJECTS
+
+
+def test_tar_shards_give_webdataset_samples(server):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for key in ["train/0001", "train/0002"]:
+            for extension, content in [("jpg", f"image {key}".encode()), ("cls", b"7")]:
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(content)
+                archive.addfile(info, io.BytesIO(content))
+    client = server.client()
+    client.put("torch-tar/shard-000.tar", buffer.getvalue())
+    dataset = hydrant.torch.ShardDataset(
+        ["torch-tar/shard-000.tar"], client=client, shuffle=False,
+        transform=lambda path, data: list(hydrant.torch.tar_samples(data)),
+    )
+    (samples,) = list(dataset)
+    assert samples == [
+        {"__key__": "train/0001", "jpg": b"image train/0001", "cls": b"7"},
+        {"__key__": "train/0002", "jpg": b"image train/0002", "cls": b"7"},
+    ]
