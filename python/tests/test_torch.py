@@ -142,3 +142,42 @@ def test_tar_shards_give_webdataset_samples(server):
         {"__key__": "train/0001", "jpg": b"image train/0001", "cls": b"7"},
         {"__key__": "train/0002", "jpg": b"image train/0002", "cls": b"7"},
     ]
+
+
+def run_ranks(mode, world, server, checkpoint, out):
+    port = free_port()
+    script = Path(__file__).with_name("torch_dcp_rank.py")
+    ranks = [
+        subprocess.Popen([sys.executable, str(script), mode, str(rank), str(world), str(port),
+                          server.address, checkpoint, str(out)])
+        for rank in range(world)
+    ]
+    return [process.wait(timeout=300) for process in ranks]
+
+
+def test_dcp_saves_and_loads_across_two_ranks_and_a_killed_save_stays_invisible(server, tmp_path):
+    from hydrant.torch.dcp import wait_uploaded
+
+    reference = tmp_path / "reference.pt"
+    assert run_ranks("save", 2, server, "hydrant://torch-dcp/step-1200", reference) == [0, 0]
+    assert run_ranks("load", 2, server, "hydrant://torch-dcp/step-1200", reference) == [0, 0]
+    for rank in range(2):
+        assert (tmp_path / f"reference.pt.result-{rank}").read_text() == "equal", f"rank {rank}"
+
+    # A writer SIGKILLed while storing its objects: the new checkpoint has no .metadata and
+    # cannot be loaded; the one before it loads as before.
+    partial = tmp_path / "partial.pt"
+    assert run_ranks("crash", 1, server, "hydrant://torch-dcp/step-1300", partial) == [-9]
+    client = server.client()
+    assert not client.exists("torch-dcp/step-1300/.metadata")
+    outcome = tmp_path / "outcome"
+    assert run_ranks("load-absent", 1, server, "hydrant://torch-dcp/step-1300", outcome) == [0]
+    assert outcome.read_text() == "refused"
+    assert run_ranks("load", 2, server, "hydrant://torch-dcp/step-1200", reference) == [0, 0]
+
+    # At the origin (the server's folder origin, write-back), byte for byte.
+    wait_uploaded("hydrant://torch-dcp/step-1200", client=client, timeout=120)
+    stored = [entry.path for entry in client.list("torch-dcp/step-1200/")]
+    assert "torch-dcp/step-1200/.metadata" in stored and len(stored) >= 3
+    for path in stored:
+        assert (server.origin / path).read_bytes() == client.get(path), path

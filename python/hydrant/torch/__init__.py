@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.utils.data
 
-from . import Client, Range, UsageError
+from .. import Client, Range, UsageError
 
 #: Bytes ``save`` keeps in memory before spilling the serialised object to a temporary file.
 SAVE_SPOOL_BYTES = 64 << 20

@@ -1,0 +1,55 @@
+"""``torch.distributed.checkpoint`` (DCP) on hydrant: a checkpoint is a "directory" of objects,
+one per rank and item as DCP plans them, and a ``.metadata`` object written last.
+
+    import torch.distributed.checkpoint as dcp
+    from hydrant.torch.dcp import StorageWriter, StorageReader, wait_uploaded
+
+    dcp.save(state_dict, storage_writer=StorageWriter("hydrant://ckpt/run-7/step-1200"))
+    dcp.load(state_dict, storage_reader=StorageReader("hydrant://ckpt/run-7/step-1200"))
+    wait_uploaded("hydrant://ckpt/run-7/step-1200")      # at the origin (write-back buckets)
+
+Built on DCP's fsspec writer and reader over :class:`hydrant.fs.HydrantFileSystem` (storage
+options, e.g. ``servers=``, are passed through). ``dcp.save`` returns once every object is
+durable on the node's NVMe. The checkpoint is committed by its ``.metadata``: DCP writes it
+after every rank's data, under a temporary name, and renames it, which on hydrant is one PUT of
+the finished bytes; a checkpoint without it (a writer killed part-way) cannot be loaded, and the
+ones before it are untouched.
+"""
+
+import os
+from typing import Any, Optional, Union
+
+from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
+
+from .. import Client
+from ..fs import HydrantFileSystem
+
+
+def _url(checkpoint_id: Union[str, "os.PathLike[str]"]) -> str:
+    path = os.fspath(checkpoint_id)
+    return path if path.startswith("hydrant://") else f"hydrant://{path}"
+
+
+class StorageWriter(FsspecWriter):
+    """DCP's storage writer for a checkpoint at ``hydrant://BUCKET/PREFIX`` (``thread_count``
+    objects written at once per rank; other keyword arguments are the client's settings)."""
+
+    def __init__(self, checkpoint_id: Union[str, "os.PathLike[str]"], thread_count: int = 4,
+                 single_file_per_rank: bool = True, **storage_options: Any):
+        super().__init__(_url(checkpoint_id), single_file_per_rank=single_file_per_rank,
+                         sync_files=False, thread_count=thread_count, **storage_options)
+
+
+class StorageReader(FsspecReader):
+    """DCP's storage reader for a checkpoint at ``hydrant://BUCKET/PREFIX``."""
+
+    def __init__(self, checkpoint_id: Union[str, "os.PathLike[str]"], **storage_options: Any):
+        super().__init__(_url(checkpoint_id), **storage_options)
+
+
+def wait_uploaded(checkpoint_id: Union[str, "os.PathLike[str]"], client: Optional[Client] = None,
+                  timeout: float = 3600.0) -> None:
+    """Return once every object of the checkpoint is at the origin (a write-back bucket's
+    FLUSH), at most ``timeout`` seconds."""
+    client = client if client is not None else Client()
+    client.flush(HydrantFileSystem._strip_protocol(_url(checkpoint_id)), timeout=timeout)
