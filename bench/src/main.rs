@@ -30,6 +30,7 @@ mod redis;
 mod s3_reader_bench;
 mod serve;
 mod server_bench;
+mod torch_bench;
 mod trace;
 
 use std::path::PathBuf;
@@ -68,6 +69,9 @@ enum Command {
     /// The Python package (hydrant.Client, 16 threads) vs the Rust client vs boto3 through the
     /// S3 endpoint: GETs of 1 MiB and 4 KiB on the same server and objects.
     Python(python_bench::PythonArgs),
+    /// A PyTorch DataLoader over hydrant (cold, warm) vs s3torchconnector reading a slow S3
+    /// origin directly: samples/s and simulated accelerator utilisation.
+    Torch(torch_bench::TorchArgs),
     /// The same-host path (shared region over a Unix socket) vs TCP on loopback vs fio on the
     /// same file: 1 MiB reads, throughput and CPU seconds per GiB.
     Local(local_bench::LocalArgs),
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
         Command::Nginx(args) => nginx_bench::nginx(args),
         Command::S3Reader(args) => s3_reader_bench::s3_reader(args),
         Command::Python(args) => python_bench::python(args),
+        Command::Torch(args) => torch_bench::torch(args),
         Command::Local(args) => local_bench::local(args),
         Command::Demo { path } => engine_bench::demo(&path),
         Command::Trace(args) => policy_bench::trace(args),

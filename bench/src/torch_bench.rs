@@ -1,0 +1,182 @@
+//! A PyTorch DataLoader over shard objects on an S3 origin that answers like S3 Standard
+//! (50–150 ms per request through hydrant-fault-proxy), in the same run: through hydrant
+//! (`hydrant.torch.ShardDataset`, first epoch cold — read through from the origin — then warm)
+//! against s3torchconnector's `S3IterableDataset` reading the origin directly. Same shards,
+//! same DataLoader workers, same simulated accelerator compute per sample
+//! (`bench/scripts/torch_loader_bench.py`).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hydrant_engine::device::DeviceConfig;
+use hydrant_engine::{
+    BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
+};
+use hydrant_server::{Server, ServerConfig};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::origin_bench::{create_bucket, s3_store, start_slow_origin};
+
+#[derive(clap::Args)]
+pub struct TorchArgs {
+    /// The S3-compatible server (e.g. `moto_server -p 5599`), as HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:5599")]
+    s3: String,
+    /// Per-request origin latency, MIN-MAX milliseconds (S3 Standard: 50-150).
+    #[arg(long, default_value = "50-150")]
+    delay_ms: String,
+    /// Shards (one sample each).
+    #[arg(long, default_value_t = 1000)]
+    shards: usize,
+    /// Bytes of each shard, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    shard_kib: usize,
+    /// DataLoader workers.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Simulated accelerator time per sample, milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    compute_ms: f64,
+    /// Where the data file goes (it is formatted).
+    #[arg(long, default_value = "target/bench-scratch")]
+    dir: PathBuf,
+    /// The Python interpreter with torch, s3torchconnector and the hydrant package.
+    #[arg(long, default_value = "python3")]
+    python: String,
+}
+
+/// (samples per second, utilisation) of one epoch.
+fn epoch(args: &TorchArgs, mode: &str, endpoint: &str, prefix: &str) -> Result<(f64, f64), String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_loader_bench.py");
+    let output = Command::new(&args.python)
+        .arg(script)
+        .args([mode, endpoint, prefix])
+        .args([args.workers.to_string(), args.compute_ms.to_string()])
+        .output()
+        .map_err(|error| format!("cannot run {}: {error}", args.python))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "the {mode} loader failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let field = |name: &str| -> Result<f64, String> {
+        text.split_whitespace()
+            .find_map(|word| word.strip_prefix(name))
+            .and_then(|value| value.parse().ok())
+            .ok_or_else(|| format!("the {mode} loader printed no {name}: {text}"))
+    };
+    let samples = field("samples=")?;
+    if samples as usize != args.shards {
+        return Err(format!(
+            "the {mode} loader read {samples} samples of {}",
+            args.shards
+        ));
+    }
+    if field("bytes=")? as usize != args.shards * (args.shard_kib << 10) {
+        return Err(format!(
+            "the {mode} loader read the wrong number of bytes: {text}"
+        ));
+    }
+    Ok((field("samples_per_second=")?, field("utilisation=")?))
+}
+
+pub fn torch(args: TorchArgs) -> Result<(), String> {
+    let bucket = format!("torch-{}", std::process::id());
+    create_bucket(&args.s3, &bucket)?;
+    let loader = Arc::new(s3_store(&format!("http://{}", args.s3), &bucket)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let shard_bytes = args.shard_kib << 10;
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let loader = loader.clone();
+            let shards = args.shards;
+            tasks.push(tokio::spawn(async move {
+                for index in (worker..shards).step_by(8) {
+                    let data = Bytes::from(vec![(index % 251) as u8; shard_bytes]);
+                    loader
+                        .put(
+                            &Path::from(format!("train/shard-{index:05}")),
+                            PutPayload::from(data),
+                        )
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        for task in tasks {
+            task.await.map_err(|error| error.to_string())??;
+        }
+        Ok::<(), String>(())
+    })?;
+    let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
+    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
+    let path = args.dir.join("torch-bench.hyd");
+    let _ = std::fs::remove_file(&path);
+    let data_bytes = (args.shards * (shard_bytes + 8192)) as u64 * 2 + (1 << 30);
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
+    engine.format = FormatPolicy::Always;
+    let mut origins = OriginConfig::new();
+    origins.buckets.insert(
+        "data".into(),
+        BucketOrigin {
+            url: format!("s3://{bucket}"),
+            write: WriteMode::Back,
+            revalidate: Revalidate::Immutable,
+        },
+    );
+    engine.origins = Some(origins);
+    let server = Server::start(ServerConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
+        engine,
+    ))?;
+    let address = server.address().to_string();
+    println!(
+        "{} shards of {} KiB, {} DataLoader workers, {} ms of compute per sample, origin at {} ms per request",
+        args.shards, args.shard_kib, args.workers, args.compute_ms, args.delay_ms
+    );
+    let direct = epoch(
+        &args,
+        "s3torchconnector",
+        &origin_endpoint,
+        &format!("s3://{bucket}/train/"),
+    )?;
+    let cold = epoch(&args, "hydrant", &address, "data/train/")?;
+    let warm = epoch(&args, "hydrant", &address, "data/train/")?;
+    println!("| loader | samples/s | accelerator busy | vs s3torchconnector |");
+    println!("|---|---:|---:|---:|");
+    for (name, (rate, busy)) in [
+        (
+            "s3torchconnector S3IterableDataset, the origin directly",
+            direct,
+        ),
+        ("hydrant ShardDataset, epoch 1 (cold, read through)", cold),
+        ("hydrant ShardDataset, epoch 2 (warm)", warm),
+    ] {
+        println!(
+            "| {name} | {rate:.1} | {:.0}% | {:.2}x |",
+            busy * 100.0,
+            rate / direct.0
+        );
+    }
+    println!("hydrant warm/s3torchconnector = {:.1}", warm.0 / direct.0);
+    println!("hydrant cold/s3torchconnector = {:.2}", cold.0 / direct.0);
+    let stats = proxy.stats();
+    println!(
+        "origin requests seen by the proxy: {} ({} GET)",
+        stats.total.requests,
+        stats.method(hydrant_fault_proxy::Method::Get).requests
+    );
+    server.stop().map_err(|error| error.to_string())?;
+    Ok(())
+}
