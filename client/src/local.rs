@@ -281,6 +281,18 @@ impl LocalClient {
 
     /// Give the server's side of a region back before the connection closes.
     pub fn free(&mut self, region: Region) -> Result<()> {
+        self.release(&region)
+    }
+
+    /// Give the server's side of `region` back, keeping this side's mapping until the `Region`
+    /// is dropped (for callers whose views of it may outlive the server's use: reads into it
+    /// fail from now on).
+    pub fn release(&mut self, region: &Region) -> Result<()> {
+        if region.connection != self.connection {
+            return Err(ClientError::Usage(
+                "this region belongs to another connection".into(),
+            ));
+        }
         self.call(LocalOpcode::Free, &region.id.to_le_bytes())?;
         Ok(())
     }

@@ -312,20 +312,22 @@ class Client:
         return ObjectInfo(*info)
 
     def _put_file(self, bucket: str, key: str, file: Any) -> ObjectInfo:
+        # The bytes from the position to the end, measured by seeking (not by the file
+        # descriptor's size, which is the compressed size of a gzip file, 0 for /proc files,
+        # and would force a SpooledTemporaryFile to disk).
         size = None
         try:
-            position = file.tell()
-            size = os.fstat(file.fileno()).st_size - position
-        except (AttributeError, OSError, io.UnsupportedOperation):
-            try:
+            if file.seekable():
                 position = file.tell()
-                size = file.seek(0, io.SEEK_END) - position
+                end = file.seek(0, io.SEEK_END)
                 file.seek(position)
-            except (AttributeError, OSError, io.UnsupportedOperation):
-                size = None
+                if isinstance(position, int) and isinstance(end, int) and end >= position:
+                    size = end - position
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            size = None
         if size is None:
             # Not seekable: its size is known only at its end.
-            return ObjectInfo(*self._native.put(bucket, key, file.read()))
+            return ObjectInfo(*self._native.put(bucket, key, bytes(file.read())))
         reader = file if hasattr(file, "readinto") else _ReadInto(file)
         return ObjectInfo(*self._native.put_reader(bucket, key, reader, size))
 

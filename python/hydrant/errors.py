@@ -26,6 +26,10 @@ class HydrantError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self):
+        # Pickled across processes (DataLoader workers) with the arguments it was made from.
+        return (_rebuild, (type(self), self.__dict__.copy(), str(self)))
+
 
 class StatusError(HydrantError):
     """The server answered with a status other than OK."""
@@ -116,6 +120,13 @@ class CudaUnavailable(HydrantError):
 
 class LocalError(HydrantError, OSError):
     """The caller's file or reader failed, or a stream broke off part-way."""
+
+
+def _rebuild(kind: type, state: dict, text: str) -> "HydrantError":
+    error = kind.__new__(kind, text)
+    error.args = (text,)
+    error.__dict__.update(state)
+    return error
 
 
 #: The protocol's statuses by code, as the server names them.

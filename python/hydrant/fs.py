@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from . import Client, NotFound, UsageError
+from . import errors as hydrant_errors
 
 #: Bytes a file opened for reading fetches at once (its read-ahead block).
 READ_BLOCK_BYTES = 4 << 20
@@ -127,30 +128,32 @@ class HydrantFileSystem(AbstractFileSystem):
     def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):
         if not (len(paths) == len(starts) == len(ends)):
             raise ValueError("paths, starts and ends must have the same length")
-        items = []
+        # Each item's outcome: resolved here (errors, empty or negative ranges) or by one
+        # BATCH_GET of the rest, whose results come back in order.
+        outcomes: List[Any] = []
+        batched = []
         for path, start, end in zip(paths, starts, ends):
-            path = self._strip_protocol(path)
-            if (start is not None and start < 0) or (end is not None and end < 0):
-                items.append(None)  # resolved one by one below
-            else:
-                items.append((path, (start or 0, end)))
-        wanted = [item for item in items if item is not None]
-        results = iter(self.client.batch_get(wanted, ordered=True))
-        out = []
-        for path, start, end, item in zip(paths, starts, ends, items):
             try:
-                if item is None:
-                    out.append(self.cat_file(path, start, end))
-                    continue
-                _, value = next(results)
-                if isinstance(value, Exception):
-                    raise value
-                out.append(value)
+                path = self._strip_protocol(path)
+                if (start is not None and start < 0) or (end is not None and end < 0):
+                    outcomes.append(self.cat_file(path, start, end))
+                elif end is not None and end <= (start or 0):
+                    outcomes.append(b"")
+                else:
+                    outcomes.append(None)
+                    batched.append((len(outcomes) - 1, path, (start or 0, end)))
             except Exception as error:
-                if on_error != "return":
-                    raise
-                out.append(error)
-        return out
+                outcomes.append(error)
+        if batched:
+            results = self.client.batch_get([(path, range) for _, path, range in batched], ordered=True)
+            for (index, path, (start, _)), (_, value) in zip(batched, results):
+                if isinstance(value, hydrant_errors.InvalidRange) and start >= self.info(path)["size"]:
+                    value = b""  # as cat_file answers a range past the end
+                outcomes[index] = value
+        for outcome in outcomes:
+            if isinstance(outcome, Exception) and on_error != "return":
+                raise outcome
+        return outcomes
 
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
         rpath = self._strip_protocol(rpath)
@@ -174,6 +177,8 @@ class HydrantFileSystem(AbstractFileSystem):
             while position < size:
                 end = min(size, position + len(buffer))
                 read = self.client.get_into(rpath, buffer, range=(position, end))
+                if read == 0:
+                    raise IOError(f"{rpath} ended at {position} bytes of {size}: it changed while copied")
                 target.write(view[:read])
                 position += read
                 if callback is not None:
@@ -228,6 +233,8 @@ class HydrantFileSystem(AbstractFileSystem):
         self.invalidate_cache(path2)
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if "a" in mode:
+            raise NotImplementedError("hydrant objects are written whole: appending is not supported")
         if "x" in mode and self.exists(path):
             raise FileExistsError(path)
         return HydrantFile(self, path, mode=mode, block_size=block_size or READ_BLOCK_BYTES,

@@ -198,7 +198,11 @@ impl NativeClient {
             // contiguous buffer of `length` bytes at `address` for the whole call, so the
             // memory stays valid and nothing else resizes it; the GIL is released, and Python
             // code that writes the same buffer meanwhile races as it would with any reader.
-            let buffer = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, length) };
+            let buffer: &mut [u8] = if length == 0 {
+                &mut []
+            } else {
+                unsafe { std::slice::from_raw_parts_mut(address as *mut u8, length) }
+            };
             client.get_into(bucket, key, range_of(start, end), buffer)
         })?;
         Ok((info_of(&info), read))
@@ -223,7 +227,11 @@ impl NativeClient {
         }
         let info = self.run(py, move |client| {
             // SAFETY: as in get_into_address; the bytes are only read.
-            let data = unsafe { std::slice::from_raw_parts(address as *const u8, length) };
+            let data: &[u8] = if length == 0 {
+                &[]
+            } else {
+                unsafe { std::slice::from_raw_parts(address as *const u8, length) }
+            };
             client.put(bucket, key, data)
         })?;
         Ok(info_of(&info))
@@ -399,6 +407,8 @@ struct NativeRegion {
     length: usize,
     huge_pages: bool,
     region: Mutex<Option<Region>>,
+    /// Its server side was given back (`NativeLocal::free`): reads into it are refused.
+    freed: std::sync::atomic::AtomicBool,
 }
 
 /// A same-host read as Python sends it: (offset, length, bucket, key, start, end).
@@ -431,6 +441,7 @@ impl NativeLocal {
             length: region.len(),
             huge_pages: region.huge_pages(),
             region: Mutex::new(Some(region)),
+            freed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -457,8 +468,10 @@ impl NativeLocal {
             .detach(|| {
                 let mut client = self.locked_client()?;
                 let mut held = region.region.lock().map_err(lock_error)?;
+                let freed = region.freed.load(std::sync::atomic::Ordering::Relaxed);
                 let region = held
                     .as_mut()
+                    .filter(|_| !freed)
                     .ok_or_else(|| ClientError::Usage("the region was freed".into()))?;
                 client.read_batch(region, &items)
             })
@@ -477,14 +490,20 @@ impl NativeLocal {
             .collect()
     }
 
-    /// Give the server's side of `region` back now (its mapping stays while Python holds it).
+    /// Give the server's side of `region` back now. The mapping stays until the region and
+    /// every view of it are gone (views hold the `NativeRegion`); reads into it fail.
     fn free(&self, py: Python<'_>, region: &NativeRegion) -> PyResult<()> {
         self.same_process()?;
         py.detach(|| {
-            let taken = region.region.lock().map_err(lock_error)?.take();
-            match taken {
-                // The mapping is unmapped when `taken` drops: only after the server let go.
-                Some(taken) => self.locked_client()?.free(taken),
+            let mut held = region.region.lock().map_err(lock_error)?;
+            if region
+                .freed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                return Ok(());
+            }
+            match held.as_mut() {
+                Some(kept) => self.locked_client()?.release(kept),
                 None => Ok(()),
             }
         })
@@ -551,7 +570,18 @@ impl NativeRegion {
 struct NativeRing {
     pid: u32,
     slots: Vec<(usize, usize)>,
-    ring: Mutex<ReadRing>,
+    ring: std::mem::ManuallyDrop<Mutex<ReadRing>>,
+}
+
+impl Drop for NativeRing {
+    fn drop(&mut self) {
+        // Its worker threads exist only in the process that made it: a forked child leaves it
+        // (joining threads it does not have is undefined).
+        if std::process::id() == self.pid {
+            // SAFETY: dropped once, here, and never used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.ring) };
+        }
+    }
 }
 
 #[pymethods]
@@ -573,7 +603,7 @@ impl NativeRing {
         Ok(NativeRing {
             pid: std::process::id(),
             slots,
-            ring: Mutex::new(ring),
+            ring: std::mem::ManuallyDrop::new(Mutex::new(ring)),
         })
     }
 

@@ -248,3 +248,36 @@ def test_servers_and_token_come_from_the_environment(server, monkeypatch):
     assert client.servers == [server.address]
     client.put("pytest/env", b"env")
     assert client.get("pytest/env") == b"env"
+
+
+def test_put_measures_files_by_seeking_and_errors_survive_pickling(client, tmp_path):
+    import gzip
+    import pickle
+    import tempfile
+
+    data = payload(8, 100_000)
+    packed = tmp_path / "data.gz"
+    with gzip.open(packed, "wb") as file:
+        file.write(data)
+    with gzip.open(packed, "rb") as file:
+        assert client.put("pytest/gzip", file).size == len(data), "the decompressed bytes"
+    assert client.get("pytest/gzip") == data
+    with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
+        spool.write(data)
+        spool.seek(0)
+        client.put("pytest/spooled", spool)
+        assert not spool._rolled, "measuring it did not push it to disk"
+    assert client.get("pytest/spooled") == data
+
+    client.put("pytest/empty", b"")
+    torch = pytest.importorskip("torch")
+    assert client.get_into("pytest/empty", torch.empty(0, dtype=torch.uint8)) == 0
+    assert client.put("pytest/empty-tensor", torch.empty(0, dtype=torch.uint8)).size == 0
+
+    with pytest.raises(hydrant.NotFound) as caught:
+        client.get("pytest/never-stored")
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert type(copy) is hydrant.NotFound and copy.status == caught.value.status
+    assert str(copy) == str(caught.value)
+    small = pickle.loads(pickle.dumps(hydrant.BufferTooSmall("too small", 10, 5)))
+    assert (small.needed, small.capacity) == (10, 5)

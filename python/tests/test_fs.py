@@ -105,3 +105,14 @@ def test_pyarrow_reads_parquet_through_the_filesystem(hfs):
     assert read.equals(table)
     column = parquet.read_table("fs-parquet/metrics.parquet", filesystem=hfs, columns=["loss"])
     assert column.column("loss").to_pylist() == table.column("loss").to_pylist()
+
+
+def test_append_is_refused_and_cat_ranges_keeps_each_items_outcome(hfs):
+    hfs.pipe_file("fs-edge/a", b"0123456789")
+    with pytest.raises(NotImplementedError):
+        hfs.open("fs-edge/a", "ab")
+    assert hfs.cat_file("fs-edge/a") == b"0123456789"
+    out = hfs.cat_ranges(["fs-edge/a", "fs-edge/none", "fs-edge/a", "fs-edge/a", "fs-edge/a"],
+                         [0, 0, 8, 20, 5], [2, 1, 10, 30, 3])
+    assert out[0] == b"01" and isinstance(out[1], hydrant.NotFound)
+    assert out[2] == b"89" and out[3] == b"" and out[4] == b""

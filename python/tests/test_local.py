@@ -81,9 +81,14 @@ def test_a_view_outlives_its_region_object_and_the_region_can_be_freed(local_ser
     gc.collect()
     assert array[:10].tobytes() == b"kept bytes"
     other = local.allocate(4096)
+    local.read_into(other, "local/kept")
+    view = numpy.frombuffer(other.buffer, dtype=numpy.uint8)
     local.free(other)
+    # Freed on the server's side; this side's mapping stays while a view of it lives.
+    assert view[:10].tobytes() == b"kept bytes"
     with pytest.raises(hydrant.UsageError):
         local.read_into(other, "local/kept")
+    local.free(other)  # twice is harmless
 
 
 def test_register_cuda_is_a_typed_error_without_a_gpu(local_server):
@@ -146,3 +151,15 @@ def test_a_ring_keeps_several_reads_in_flight_and_hands_each_back_in_order(local
     ring.submit("ring/0", range=(10, 20))
     done = ring.complete()
     assert bytes(done.data) == objects["ring/0"][10:20]
+
+    # A forked child that drops its inherited ring (say, to make its own) is not hurt by it.
+    child = os.fork()
+    if child == 0:
+        try:
+            del ring
+            gc.collect()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -181,3 +181,16 @@ def test_dcp_saves_and_loads_across_two_ranks_and_a_killed_save_stays_invisible(
     assert "torch-dcp/step-1200/.metadata" in stored and len(stored) >= 3
     for path in stored:
         assert (server.origin / path).read_bytes() == client.get(path), path
+
+
+def test_a_state_of_another_listing_is_refused(server, shards):
+    dataset = hydrant.torch.ShardDataset("torch-shards/", client=server.client(), seed=3)
+    state = dataset.state_dict()
+    fewer = hydrant.torch.ShardDataset(shards[:10], client=server.client(), seed=3)
+    with pytest.raises(hydrant.UsageError):
+        fewer.load_state_dict(state)
+    # The position is this epoch's as soon as iteration starts.
+    dataset.set_epoch(1)
+    dataset._consumed = 17
+    iter(dataset)
+    assert dataset.state_dict()["consumed"] == 0

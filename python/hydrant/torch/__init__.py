@@ -101,24 +101,33 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return self.order()[rank::world][worker::workers]
 
     def __iter__(self) -> Iterator[Any]:
+        # The position is set now, not when the first item is asked for: a loader that
+        # snapshots the state right after iter() must see this epoch's, not the last one's.
         share = self._share()
         start = 0
         if self._resumed is not None and self._resumed.get("epoch") == self.epoch:
             start = self._resumed["consumed"]
         self._resumed = None
         self._consumed = start
-        for path in share[start:]:
+        return self._items(share[start:])
+
+    def _items(self, paths: List[str]) -> Iterator[Any]:
+        for path in paths:
             data = self.client.get(path)
             self._consumed += 1
             yield self.transform(path, data) if self.transform is not None else data
 
     # torchdata's StatefulDataLoader snapshots each worker's copy of the dataset.
     def state_dict(self) -> Dict[str, int]:
-        return {"epoch": self.epoch, "seed": self.seed, "consumed": self._consumed}
+        return {"epoch": self.epoch, "seed": self.seed, "consumed": self._consumed,
+                "objects": len(self.paths)}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
-        if state.get("seed") != self.seed:
-            raise UsageError(f"the state is of seed {state.get('seed')}, this dataset's is {self.seed}")
+        if state.get("seed") != self.seed or state.get("objects", len(self.paths)) != len(self.paths):
+            raise UsageError(
+                f"the state is of seed {state.get('seed')} over {state.get('objects')} objects; "
+                f"this dataset's are {self.seed} and {len(self.paths)}: resuming would skip the wrong ones"
+            )
         self.epoch = state["epoch"]
         self._resumed = dict(state)
 
