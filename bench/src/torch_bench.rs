@@ -43,6 +43,12 @@ pub struct TorchArgs {
     /// Where the data file goes (it is formatted).
     #[arg(long, default_value = "target/bench-scratch")]
     dir: PathBuf,
+    /// MiB of a state dict saved with DCP through hydrant and, with s3torchconnector's DCP
+    /// writer (needs `tenacity`), straight to the origin; 0 (the default): no checkpoint
+    /// measurement. s3torchconnector's writer fails against moto's server ("Header ETag not
+    /// found" from the CRT), so its peer needs a real S3 endpoint.
+    #[arg(long, default_value_t = 0)]
+    dcp_mib: u64,
     /// The Python interpreter with torch, s3torchconnector and the hydrant package.
     #[arg(long, default_value = "python3")]
     python: String,
@@ -123,10 +129,15 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
     let path = args.dir.join("torch-bench.hyd");
     let _ = std::fs::remove_file(&path);
-    let data_bytes = (args.shards * (shard_bytes + 8192)) as u64 * 2 + (1 << 30);
+    let data_bytes =
+        (args.shards * (shard_bytes + 8192)) as u64 * 2 + (args.dcp_mib << 21) + (1 << 30);
     let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
     engine.format = FormatPolicy::Always;
     let mut origins = OriginConfig::new();
+    // Room for the whole checkpoint in the dirty budget: the save is acknowledged at NVMe speed
+    // and drains to the origin after (what write-back is for).
+    origins.dirty_bytes_max = (args.dcp_mib << 20) + (512 << 20);
+    origins.dirty_bytes_low = origins.dirty_bytes_max / 4 * 3;
     origins.buckets.insert(
         "data".into(),
         BucketOrigin {
@@ -171,6 +182,38 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     }
     println!("hydrant warm/s3torchconnector = {:.1}", warm.0 / direct.0);
     println!("hydrant cold/s3torchconnector = {:.2}", cold.0 / direct.0);
+    if args.dcp_mib > 0 {
+        let save = |mode: &str, endpoint: &str, checkpoint: &str| -> Result<f64, String> {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dcp_save_bench.py");
+            let output = Command::new(&args.python)
+                .arg(script)
+                .args([mode, endpoint, checkpoint, &args.dcp_mib.to_string()])
+                .output()
+                .map_err(|error| format!("cannot run {}: {error}", args.python))?;
+            let text = String::from_utf8_lossy(&output.stdout);
+            if !output.status.success() {
+                return Err(format!(
+                    "the {mode} DCP save failed: {text}{} (pip install tenacity for s3torchconnector's DCP)",
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+            text.split_whitespace()
+                .find_map(|word| word.strip_prefix("seconds="))
+                .and_then(|value| value.parse().ok())
+                .ok_or_else(|| format!("the {mode} DCP save printed no time: {text}"))
+        };
+        let through = save("hydrant", &address, "hydrant://data/ckpt/step-1")?;
+        let direct = save(
+            "s3torchconnector",
+            &origin_endpoint,
+            &format!("s3://{bucket}/ckpt-direct/step-1"),
+        )?;
+        println!(
+            "DCP save of {} MiB: hydrant {through:.2} s, s3torchconnector to the origin {direct:.2} s",
+            args.dcp_mib
+        );
+        println!("dcp save direct/hydrant = {:.1}", direct / through);
+    }
     let stats = proxy.stats();
     println!(
         "origin requests seen by the proxy: {} ({} GET)",
