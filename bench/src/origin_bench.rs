@@ -134,6 +134,80 @@ where
     Ok(started.elapsed())
 }
 
+/// Put `count` objects into `bucket` of the S3 server at `s3` directly (not through the slow
+/// proxy: loading is not what is measured), 8 at a time: object `index` is named `name(index)`
+/// and holds `make(index)`.
+pub(crate) fn fill_origin(
+    s3: &str,
+    bucket: &str,
+    count: usize,
+    name: impl Fn(usize) -> String + Send + Sync + 'static,
+    make: impl Fn(usize) -> Bytes + Send + Sync + 'static,
+) -> Result<(), String> {
+    let store = Arc::new(s3_store(&format!("http://{s3}"), bucket)?);
+    let (name, make) = (Arc::new(name), Arc::new(make));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let (store, name, make) = (store.clone(), name.clone(), make.clone());
+            tasks.push(tokio::spawn(async move {
+                for index in (worker..count).step_by(8) {
+                    store
+                        .put(&Path::from(name(index)), PutPayload::from(make(index)))
+                        .await
+                        .map_err(|error| error.to_string())?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        for task in tasks {
+            task.await.map_err(|error| error.to_string())??;
+        }
+        Ok::<(), String>(())
+    })
+}
+
+/// A server (with an S3 endpoint) whose bucket `data` reads through from and writes back to
+/// `s3://{bucket}` at the origin `start_slow_origin` pointed this process at; its data file is
+/// `file`, formatted with `data_bytes`; the dirty budget holds `dirty_bytes_max` when given.
+pub(crate) fn server_over_origin(
+    file: &std::path::Path,
+    data_bytes: u64,
+    bucket: &str,
+    dirty_bytes_max: Option<u64>,
+) -> Result<Server, String> {
+    if let Some(directory) = file.parent() {
+        std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
+    }
+    let _ = std::fs::remove_file(file);
+    let mut engine = EngineConfig::new(vec![DeviceConfig::create(file, data_bytes)]);
+    engine.format = FormatPolicy::Always;
+    let mut origins = OriginConfig::new();
+    if let Some(bytes) = dirty_bytes_max {
+        origins.dirty_bytes_max = bytes;
+        origins.dirty_bytes_low = bytes / 4 * 3;
+    }
+    origins.buckets.insert(
+        "data".into(),
+        BucketOrigin {
+            url: format!("s3://{bucket}"),
+            write: WriteMode::Back,
+            revalidate: Revalidate::Immutable,
+        },
+    );
+    engine.origins = Some(origins);
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine);
+    config.s3 = Some(hydrant_server::s3::S3Config::new(
+        "127.0.0.1:0".parse().expect("address"),
+    ));
+    Server::start(config)
+}
+
 /// Start hydrant-fault-proxy in front of the S3 server at `s3`, delaying every request by
 /// `delay_ms` (MIN-MAX milliseconds), and point this process's AWS variables at it: an in-process
 /// hydrant server's origin client reads them, as in production. Returns the proxy and its
@@ -160,28 +234,13 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
     let bucket = format!("bench-{}", std::process::id());
     create_bucket(&args.s3, &bucket)?;
     let (proxy, endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
-    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
-    let path = args.dir.join("origin-bench.hyd");
-    let _ = std::fs::remove_file(&path);
     let data_bytes = (args.checkpoint_mib + args.dataset_mib) * 3 / 2 * (1 << 20) + (1 << 30);
-    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
-    engine.format = FormatPolicy::Always;
-    let mut origins = OriginConfig::new();
-    origins.dirty_bytes_max = (args.checkpoint_mib << 20) + (256 << 20);
-    origins.dirty_bytes_low = origins.dirty_bytes_max / 4 * 3;
-    origins.buckets.insert(
-        "data".into(),
-        BucketOrigin {
-            url: format!("s3://{bucket}"),
-            write: WriteMode::Back,
-            revalidate: Revalidate::Immutable,
-        },
-    );
-    engine.origins = Some(origins);
-    let server = Server::start(ServerConfig::new(
-        "127.0.0.1:0".parse().expect("address"),
-        engine,
-    ))?;
+    let server = server_over_origin(
+        &args.dir.join("origin-bench.hyd"),
+        data_bytes,
+        &bucket,
+        Some((args.checkpoint_mib << 20) + (256 << 20)),
+    )?;
     let address = vec![server.address().to_string()];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

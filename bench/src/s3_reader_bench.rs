@@ -8,18 +8,10 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use hydrant_engine::device::DeviceConfig;
-use hydrant_engine::{
-    BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
-};
-use hydrant_server::{Server, ServerConfig};
-use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::origin_bench::{create_bucket, s3_store, start_slow_origin};
+use crate::origin_bench::{create_bucket, fill_origin, server_over_origin, start_slow_origin};
 
 #[derive(clap::Args)]
 pub struct S3ReaderArgs {
@@ -100,60 +92,21 @@ pub fn s3_reader(args: S3ReaderArgs) -> Result<(), String> {
     let bucket = format!("reader-{}", std::process::id());
     create_bucket(&args.s3, &bucket)?;
     let object_bytes = args.object_kib << 10;
-    // Load the dataset straight into the origin (not through the slow proxy: loading is not
-    // measured).
-    let loader = Arc::new(s3_store(&format!("http://{}", args.s3), &bucket)?);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
-    runtime.block_on(async {
-        let mut tasks = Vec::new();
-        for worker in 0..8 {
-            let loader = loader.clone();
-            let objects = args.objects;
-            tasks.push(tokio::spawn(async move {
-                for index in (worker..objects).step_by(8) {
-                    loader
-                        .put(
-                            &Path::from(format!("train/sample-{index:05}")),
-                            PutPayload::from(sample(index, object_bytes)),
-                        )
-                        .await
-                        .map_err(|error| error.to_string())?;
-                }
-                Ok::<(), String>(())
-            }));
-        }
-        for task in tasks {
-            task.await.map_err(|error| error.to_string())??;
-        }
-        Ok::<(), String>(())
-    })?;
-
+    fill_origin(
+        &args.s3,
+        &bucket,
+        args.objects,
+        |index| format!("train/sample-{index:05}"),
+        move |index| sample(index, object_bytes),
+    )?;
     let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
-    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
-    let path = args.dir.join("s3-reader-bench.hyd");
-    let _ = std::fs::remove_file(&path);
     let data_bytes = (args.objects * (object_bytes + 8192)) as u64 * 2 + (1 << 30);
-    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
-    engine.format = FormatPolicy::Always;
-    let mut origins = OriginConfig::new();
-    origins.buckets.insert(
-        "data".into(),
-        BucketOrigin {
-            url: format!("s3://{bucket}"),
-            write: WriteMode::Back,
-            revalidate: Revalidate::Immutable,
-        },
-    );
-    engine.origins = Some(origins);
-    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine);
-    config.s3 = Some(hydrant_server::s3::S3Config::new(
-        "127.0.0.1:0".parse().expect("address"),
-    ));
-    let server = Server::start(config)?;
+    let server = server_over_origin(
+        &args.dir.join("s3-reader-bench.hyd"),
+        data_bytes,
+        &bucket,
+        None,
+    )?;
     let hydrant_endpoint = format!("http://{}", server.s3_address().expect("an S3 endpoint"));
 
     println!(

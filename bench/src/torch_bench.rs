@@ -7,18 +7,10 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use hydrant_engine::device::DeviceConfig;
-use hydrant_engine::{
-    BucketOrigin, EngineConfig, FormatPolicy, OriginConfig, Revalidate, WriteMode,
-};
-use hydrant_server::{Server, ServerConfig};
-use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::origin_bench::{create_bucket, s3_store, start_slow_origin};
+use crate::origin_bench::{create_bucket, fill_origin, server_over_origin, start_slow_origin};
 
 #[derive(clap::Args)]
 pub struct TorchArgs {
@@ -94,63 +86,25 @@ fn epoch(args: &TorchArgs, mode: &str, endpoint: &str, prefix: &str) -> Result<(
 pub fn torch(args: TorchArgs) -> Result<(), String> {
     let bucket = format!("torch-{}", std::process::id());
     create_bucket(&args.s3, &bucket)?;
-    let loader = Arc::new(s3_store(&format!("http://{}", args.s3), &bucket)?);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
     let shard_bytes = args.shard_kib << 10;
-    runtime.block_on(async {
-        let mut tasks = Vec::new();
-        for worker in 0..8 {
-            let loader = loader.clone();
-            let shards = args.shards;
-            tasks.push(tokio::spawn(async move {
-                for index in (worker..shards).step_by(8) {
-                    let data = Bytes::from(vec![(index % 251) as u8; shard_bytes]);
-                    loader
-                        .put(
-                            &Path::from(format!("train/shard-{index:05}")),
-                            PutPayload::from(data),
-                        )
-                        .await
-                        .map_err(|error| error.to_string())?;
-                }
-                Ok::<(), String>(())
-            }));
-        }
-        for task in tasks {
-            task.await.map_err(|error| error.to_string())??;
-        }
-        Ok::<(), String>(())
-    })?;
+    fill_origin(
+        &args.s3,
+        &bucket,
+        args.shards,
+        |index| format!("train/shard-{index:05}"),
+        move |index| Bytes::from(vec![(index % 251) as u8; shard_bytes]),
+    )?;
     let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
-    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
-    let path = args.dir.join("torch-bench.hyd");
-    let _ = std::fs::remove_file(&path);
     let data_bytes =
         (args.shards * (shard_bytes + 8192)) as u64 * 2 + (args.dcp_mib << 21) + (1 << 30);
-    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
-    engine.format = FormatPolicy::Always;
-    let mut origins = OriginConfig::new();
     // Room for the whole checkpoint in the dirty budget: the save is acknowledged at NVMe speed
     // and drains to the origin after (what write-back is for).
-    origins.dirty_bytes_max = (args.dcp_mib << 20) + (512 << 20);
-    origins.dirty_bytes_low = origins.dirty_bytes_max / 4 * 3;
-    origins.buckets.insert(
-        "data".into(),
-        BucketOrigin {
-            url: format!("s3://{bucket}"),
-            write: WriteMode::Back,
-            revalidate: Revalidate::Immutable,
-        },
-    );
-    engine.origins = Some(origins);
-    let server = Server::start(ServerConfig::new(
-        "127.0.0.1:0".parse().expect("address"),
-        engine,
-    ))?;
+    let server = server_over_origin(
+        &args.dir.join("torch-bench.hyd"),
+        data_bytes,
+        &bucket,
+        Some((args.dcp_mib << 20) + (512 << 20)),
+    )?;
     let address = server.address().to_string();
     println!(
         "{} shards of {} KiB, {} DataLoader workers, {} ms of compute per sample, origin at {} ms per request",
