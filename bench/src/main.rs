@@ -28,6 +28,7 @@ mod policy_bench;
 mod python_bench;
 mod redis;
 mod s3_reader_bench;
+mod script;
 mod serve;
 mod server_bench;
 mod torch_bench;

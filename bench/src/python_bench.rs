@@ -14,7 +14,6 @@
 //! cores with it, so the figures are ratios.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,32 +66,22 @@ fn python_rate_bucket(
     bucket: &str,
     size: usize,
 ) -> Result<f64, String> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scripts/python_client_bench.py"
-    );
-    let output = Command::new(&args.python)
-        .arg(script)
-        .args([mode, endpoint, bucket])
-        .args([
+    crate::script::run(
+        &args.python,
+        "python_client_bench.py",
+        &[
+            mode.to_string(),
+            endpoint.to_string(),
+            bucket.to_string(),
             args.objects.to_string(),
             size.to_string(),
             args.threads.to_string(),
             args.seconds.to_string(),
-        ])
-        .output()
-        .map_err(|error| format!("cannot run {}: {error}", args.python))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "the Python reader ({mode}) failed: {text}{} (pip install ./python boto3)",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    text.split_whitespace()
-        .find_map(|word| word.strip_prefix("gets_per_second="))
-        .and_then(|value| value.parse().ok())
-        .ok_or_else(|| format!("the Python reader printed no rate: {text}"))
+        ],
+        &format!("the Python reader ({mode})"),
+        "pip install ./python boto3",
+    )?
+    .field("gets_per_second")
 }
 
 fn rust_rate(args: &PythonArgs, client: &SharedClient, size: usize) -> Result<f64, String> {

@@ -7,7 +7,6 @@
 //! read once, its bytes checked by CRC32 against the origin's).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use bytes::Bytes;
 
@@ -47,33 +46,24 @@ fn read_all(
     endpoint: &str,
     bucket: &str,
 ) -> Result<(f64, u64, String), String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/boto3_reader.py");
-    let output = Command::new(&args.python)
-        .arg(script)
-        .args([endpoint, bucket, "train/sample-"])
-        .arg(args.objects.to_string())
-        .arg(args.threads.to_string())
-        .output()
-        .map_err(|error| format!("cannot run {} (pip install boto3): {error}", args.python))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "the boto3 reader failed against {endpoint}: {}{}",
-            text,
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let field = |name: &str| {
-        text.split_whitespace()
-            .find_map(|word| word.strip_prefix(name))
-            .map(str::to_string)
-            .ok_or_else(|| format!("the boto3 reader printed no {name}: {text}"))
-    };
-    let seconds = field("seconds=")?
-        .parse::<f64>()
-        .map_err(|e| e.to_string())?;
-    let bytes = field("bytes=")?.parse::<u64>().map_err(|e| e.to_string())?;
-    Ok((seconds, bytes, field("crc=")?))
+    let printed = crate::script::run(
+        &args.python,
+        "boto3_reader.py",
+        &[
+            endpoint.to_string(),
+            bucket.to_string(),
+            "train/sample-".to_string(),
+            args.objects.to_string(),
+            args.threads.to_string(),
+        ],
+        &format!("the boto3 reader against {endpoint}"),
+        "pip install boto3",
+    )?;
+    Ok((
+        printed.field("seconds")?,
+        printed.field("bytes")?,
+        printed.field("crc")?,
+    ))
 }
 
 fn sample(index: usize, bytes: usize) -> Bytes {

@@ -6,7 +6,6 @@
 //! (`bench/scripts/torch_loader_bench.py`).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use bytes::Bytes;
 
@@ -48,39 +47,34 @@ pub struct TorchArgs {
 
 /// (samples per second, utilisation) of one epoch.
 fn epoch(args: &TorchArgs, mode: &str, endpoint: &str, prefix: &str) -> Result<(f64, f64), String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_loader_bench.py");
-    let output = Command::new(&args.python)
-        .arg(script)
-        .args([mode, endpoint, prefix])
-        .args([args.workers.to_string(), args.compute_ms.to_string()])
-        .output()
-        .map_err(|error| format!("cannot run {}: {error}", args.python))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "the {mode} loader failed: {text}{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let field = |name: &str| -> Result<f64, String> {
-        text.split_whitespace()
-            .find_map(|word| word.strip_prefix(name))
-            .and_then(|value| value.parse().ok())
-            .ok_or_else(|| format!("the {mode} loader printed no {name}: {text}"))
-    };
-    let samples = field("samples=")?;
-    if samples as usize != args.shards {
+    let printed = crate::script::run(
+        &args.python,
+        "torch_loader_bench.py",
+        &[
+            mode.to_string(),
+            endpoint.to_string(),
+            prefix.to_string(),
+            args.workers.to_string(),
+            args.compute_ms.to_string(),
+        ],
+        &format!("the {mode} loader"),
+        "pip install torch s3torchconnector ./python",
+    )?;
+    let samples: usize = printed.field("samples")?;
+    if samples != args.shards {
         return Err(format!(
             "the {mode} loader read {samples} samples of {}",
             args.shards
         ));
     }
-    if field("bytes=")? as usize != args.shards * (args.shard_kib << 10) {
-        return Err(format!(
-            "the {mode} loader read the wrong number of bytes: {text}"
-        ));
+    let bytes: usize = printed.field("bytes")?;
+    if bytes != args.shards * (args.shard_kib << 10) {
+        return Err(format!("the {mode} loader read {bytes} bytes"));
     }
-    Ok((field("samples_per_second=")?, field("utilisation=")?))
+    Ok((
+        printed.field("samples_per_second")?,
+        printed.field("utilisation")?,
+    ))
 }
 
 pub fn torch(args: TorchArgs) -> Result<(), String> {
@@ -138,23 +132,19 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     println!("hydrant cold/s3torchconnector = {:.2}", cold.0 / direct.0);
     if args.dcp_mib > 0 {
         let save = |mode: &str, endpoint: &str, checkpoint: &str| -> Result<f64, String> {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dcp_save_bench.py");
-            let output = Command::new(&args.python)
-                .arg(script)
-                .args([mode, endpoint, checkpoint, &args.dcp_mib.to_string()])
-                .output()
-                .map_err(|error| format!("cannot run {}: {error}", args.python))?;
-            let text = String::from_utf8_lossy(&output.stdout);
-            if !output.status.success() {
-                return Err(format!(
-                    "the {mode} DCP save failed: {text}{} (pip install tenacity for s3torchconnector's DCP)",
-                    String::from_utf8_lossy(&output.stderr)
-                ));
-            }
-            text.split_whitespace()
-                .find_map(|word| word.strip_prefix("seconds="))
-                .and_then(|value| value.parse().ok())
-                .ok_or_else(|| format!("the {mode} DCP save printed no time: {text}"))
+            crate::script::run(
+                &args.python,
+                "dcp_save_bench.py",
+                &[
+                    mode.to_string(),
+                    endpoint.to_string(),
+                    checkpoint.to_string(),
+                    args.dcp_mib.to_string(),
+                ],
+                &format!("the {mode} DCP save"),
+                "pip install tenacity for s3torchconnector's DCP",
+            )?
+            .field("seconds")
         };
         let through = save("hydrant", &address, "hydrant://data/ckpt/step-1")?;
         let direct = save(
