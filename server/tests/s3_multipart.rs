@@ -310,3 +310,57 @@ fn the_aws_cli_copies_a_gigabyte_in_parts_syncs_lists_and_removes() {
         aws(&endpoint, &["s3", "rb", "s3://cli-bucket"]),
     );
 }
+
+/// docs/s3.md: UploadPartCopy. The AWS CLI copies an object above its multipart threshold
+/// (8 MiB) from bucket to bucket within the endpoint as a multipart upload whose parts are
+/// copied from ranges of the source; the copy is byte-exact and the source untouched.
+#[test]
+fn the_aws_cli_copies_between_buckets_with_parts_copied_from_the_source() {
+    let scratch = Scratch::new("s3-part-copy");
+    let server = start(scratch.path(), 512);
+    let endpoint = server.s3_endpoint();
+    let original = scratch.path().join("original.bin");
+    write_generated(&original, 77, 40 << 20);
+    let checked = |what: &str, output: Output| {
+        assert!(
+            output.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let source = original.to_str().unwrap();
+    checked(
+        "cp up",
+        aws(&endpoint, &["s3", "cp", source, "s3://copy-from/big.bin"]),
+    );
+    let requests_before = server.metric("hydrant_s3_requests_total");
+    checked(
+        "cp bucket to bucket",
+        aws(
+            &endpoint,
+            &["s3", "cp", "s3://copy-from/big.bin", "s3://copy-to/big.bin"],
+        ),
+    );
+    let text = server.client().stats().unwrap().remove(0).1;
+    let copied_parts: u64 = text
+        .lines()
+        .filter(|line| line.contains("operation=\"UploadPartCopy\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64;
+    assert!(
+        copied_parts >= 5,
+        "the CLI copied parts (40 MiB in 8 MiB parts): {copied_parts}"
+    );
+    assert!(server.metric("hydrant_s3_requests_total") > requests_before);
+    for (what, url) in [
+        ("copy", "s3://copy-to/big.bin"),
+        ("source", "s3://copy-from/big.bin"),
+    ] {
+        let back = scratch.path().join(format!("{what}.bin"));
+        checked(
+            what,
+            aws(&endpoint, &["s3", "cp", url, back.to_str().unwrap()]),
+        );
+        assert!(same_file(&original, &back), "the {what} is byte-exact");
+    }
+}

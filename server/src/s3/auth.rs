@@ -228,6 +228,7 @@ const COUNTED_OPERATIONS: &[&str] = &[
     "ListObjectsV2",
     "CreateMultipartUpload",
     "UploadPart",
+    "UploadPartCopy",
     "CompleteMultipartUpload",
     "AbortMultipartUpload",
     "ListParts",

@@ -32,7 +32,7 @@ use s3s::{s3_error, S3Request, S3Response, S3Result};
 
 use super::body::{announced_bytes, checksum_of, request_body, BodyCheck, Trailers, Verified};
 use super::errors::s3_error as engine_error;
-use super::objects::{chunk_stream, etag_of, last_modified, Gateway};
+use super::objects::{check_source_conditions, chunk_stream, etag_of, last_modified, Gateway};
 
 /// Uploads in progress on this node at most (all buckets); CreateMultipartUpload answers
 /// SlowDown beyond, until some complete or are aborted.
@@ -436,11 +436,38 @@ impl Gateway {
             ),
             true,
         )?;
+        let (md5, sums) = self
+            .store_part(&upload, number, bytes, body, check, &trailers)
+            .await?;
+        let output = UploadPartOutput {
+            e_tag: Some(ETag::Strong(md5)),
+            checksum_crc32: sums.checksum_crc32,
+            checksum_crc32c: sums.checksum_crc32c,
+            checksum_crc64nvme: sums.checksum_crc64nvme,
+            checksum_sha1: sums.checksum_sha1,
+            checksum_sha256: sums.checksum_sha256,
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    /// Store part `number` of `upload` from `body` (`bytes` of it, checked by `check`): its
+    /// bytes durable first, then the key that makes it whole, then earlier sendings of the
+    /// same number deleted. Its MD5 (hex, the part's ETag) and checksums.
+    async fn store_part(
+        &self,
+        upload: &Upload,
+        number: u32,
+        bytes: u64,
+        body: futures::stream::BoxStream<'static, Result<Bytes, s3s::StdError>>,
+        check: BodyCheck,
+        trailers: &Trailers,
+    ) -> S3Result<(String, Checksum)> {
         // 64 bits of randomness tell this sending of the part from any other.
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
-            .store(staged(&data_key)?, bytes, body, check, &trailers)
+            .store(staged(&data_key)?, bytes, body, check, trailers)
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
@@ -466,13 +493,63 @@ impl Gateway {
             .map(|meta| meta.key)
             .filter(|key| !key.contains(&format!(".{nonce}.")));
         self.delete_staged(earlier).await;
-        let output = UploadPartOutput {
-            e_tag: Some(ETag::Strong(md5)),
-            checksum_crc32: sums.checksum_crc32,
-            checksum_crc32c: sums.checksum_crc32c,
-            checksum_crc64nvme: sums.checksum_crc64nvme,
-            checksum_sha1: sums.checksum_sha1,
-            checksum_sha256: sums.checksum_sha256,
+        Ok((md5, sums))
+    }
+
+    /// UploadPartCopy: part `number` from another object (or a range of it), within hydrant.
+    pub(super) async fn copy_part(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let input = req.input;
+        let number = u32::try_from(input.part_number).unwrap_or(0);
+        if !(1..=PARTS_MAX).contains(&number) {
+            return Err(s3_error!(
+                InvalidArgument,
+                "part numbers are 1 to {PARTS_MAX}, not {}",
+                input.part_number
+            ));
+        }
+        let (source_bucket, source_key) =
+            self.copy_source(&input.copy_source, req.credentials.as_ref())?;
+        let range = input
+            .copy_source_range
+            .as_deref()
+            .map(|text| {
+                Range::parse(text).map_err(|_| {
+                    s3_error!(
+                        InvalidArgument,
+                        "x-amz-copy-source-range {text:?} is not bytes=FIRST-LAST"
+                    )
+                })
+            })
+            .transpose()?;
+        let upload = self
+            .upload(&input.bucket, &input.key, &input.upload_id)
+            .await?;
+        let (meta, tag, body, resolved) = self.read(source_bucket, source_key, range).await?;
+        check_source_conditions(
+            &etag_of(meta.seq, tag, meta.bytes),
+            input.copy_source_if_match.as_ref(),
+            input.copy_source_if_none_match.as_ref(),
+        )?;
+        let bytes = resolved.map_or(meta.bytes, |range| range.end - range.start);
+        if bytes > PART_BYTES_MAX {
+            return Err(s3_error!(
+                EntityTooLarge,
+                "a part is at most {PART_BYTES_MAX} bytes; this one is {bytes}"
+            ));
+        }
+        let check = BodyCheck::new(&req.headers, None, Checksum::default(), true)?;
+        let (md5, _) = self
+            .store_part(&upload, number, bytes, body.boxed(), check, &Trailers::None)
+            .await?;
+        let output = UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(ETag::Strong(md5)),
+                last_modified: Some(last_modified()),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         Ok(S3Response::new(output))

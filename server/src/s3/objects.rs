@@ -178,7 +178,62 @@ fn body_of(
     StreamingBlob::wrap(head.chain(rest))
 }
 
+/// A copy's conditions on its source (`x-amz-copy-source-if-match`, `-if-none-match`).
+pub(super) fn check_source_conditions(
+    source_etag: &ETag,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    check_if_match(if_match, source_etag)?;
+    if let Some(ETagCondition::ETag(unwanted)) = if_none_match {
+        if unwanted.value() == source_etag.value() {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "the source's ETag is {}",
+                source_etag.value()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Gateway {
+    /// A copy's source as (bucket, key), which the request's key (if any) must be allowed to
+    /// read.
+    pub(super) fn copy_source<'a>(
+        &self,
+        source: &'a CopySource,
+        signed: Option<&s3s::auth::Credentials>,
+    ) -> S3Result<(&'a str, &'a str)> {
+        let CopySource::Bucket {
+            bucket,
+            key,
+            version_id,
+        } = source
+        else {
+            return Err(s3_error!(
+                NotImplemented,
+                "copies name their source as bucket/key"
+            ));
+        };
+        if version_id.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "hydrant keeps one version of an object: copies cannot name a versionId"
+            ));
+        }
+        if let (Some(credentials), Some(signed)) = (&self.credentials, signed) {
+            if !credentials.allows(&signed.access_key, bucket, false) {
+                return Err(s3_error!(
+                    AccessDenied,
+                    "{} may not read bucket {bucket}",
+                    signed.access_key
+                ));
+            }
+        }
+        Ok((bucket, key))
+    }
+
     /// Room for a chunk of `bytes` in the node's bound on streamed bytes, waiting for it.
     async fn streamed_chunk(&self, bytes: usize) -> hydrant_engine::StreamedChunk {
         loop {
@@ -290,7 +345,7 @@ impl Gateway {
     }
 
     /// The whole object or a range of it, with its metadata.
-    async fn read(
+    pub(super) async fn read(
         &self,
         bucket: &str,
         key: &str,
@@ -564,44 +619,14 @@ impl S3 for Gateway {
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: source_bucket,
-            key: source_key,
-            version_id,
-        } = &input.copy_source
-        else {
-            return Err(s3_error!(
-                NotImplemented,
-                "copies name their source as bucket/key"
-            ));
-        };
-        if version_id.is_some() {
-            return Err(s3_error!(
-                NotImplemented,
-                "hydrant keeps one version of an object: copies cannot name a versionId"
-            ));
-        }
-        if let (Some(credentials), Some(signed)) = (&self.credentials, &req.credentials) {
-            if !credentials.allows(&signed.access_key, source_bucket, false) {
-                return Err(s3_error!(
-                    AccessDenied,
-                    "{} may not read bucket {source_bucket}",
-                    signed.access_key
-                ));
-            }
-        }
+        let (source_bucket, source_key) =
+            self.copy_source(&input.copy_source, req.credentials.as_ref())?;
         let (meta, tag, body, _) = self.read(source_bucket, source_key, None).await?;
-        let source_etag = etag_of(meta.seq, tag, meta.bytes);
-        check_if_match(input.copy_source_if_match.as_ref(), &source_etag)?;
-        if let Some(ETagCondition::ETag(unwanted)) = &input.copy_source_if_none_match {
-            if unwanted.value() == source_etag.value() {
-                return Err(s3_error!(
-                    PreconditionFailed,
-                    "the source's ETag is {}",
-                    source_etag.value()
-                ));
-            }
-        }
+        check_source_conditions(
+            &etag_of(meta.seq, tag, meta.bytes),
+            input.copy_source_if_match.as_ref(),
+            input.copy_source_if_none_match.as_ref(),
+        )?;
         let check = BodyCheck::empty(Checksum::default());
         let (stored, _) = self
             .store(
@@ -670,6 +695,13 @@ impl S3 for Gateway {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         self.create_upload(req).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        self.copy_part(req).await
     }
 
     async fn upload_part(
