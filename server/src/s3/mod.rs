@@ -301,10 +301,20 @@ async fn accept(
                 async move {
                     let request = prepare(request, peer, open);
                     let range = request.headers().get(hyper::header::RANGE).cloned();
+                    let has_body = has_body(request.headers());
                     let mut answer = hyper::service::Service::call(&service, request).await;
                     if let Ok(answer) = &mut answer {
                         S3_COUNTERS.count_answer(answer.status());
                         with_object_size(answer, range);
+                        // An error may be answered before the body is read (a failed
+                        // condition, a refused key): what is left of the body must not be
+                        // read as the next request, so the connection ends with the answer.
+                        if has_body && !answer.status().is_success() {
+                            answer.headers_mut().insert(
+                                hyper::header::CONNECTION,
+                                hyper::header::HeaderValue::from_static("close"),
+                            );
+                        }
                     }
                     answer
                 }
@@ -354,6 +364,16 @@ fn with_object_size(answer: &mut s3s::HttpResponse, range: Option<hyper::header:
         hyper::header::HeaderValue::from(body.len()),
     );
     *answer.body_mut() = s3s::Body::from(body);
+}
+
+/// Whether a request says it has a body (a length above 0, or chunks).
+fn has_body(headers: &hyper::HeaderMap) -> bool {
+    headers.contains_key(hyper::header::TRANSFER_ENCODING)
+        || headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok())
+            .is_some_and(|length| length > 0)
 }
 
 /// The peer of a request, for the access check.
