@@ -80,6 +80,30 @@ impl StagedPart {
     }
 }
 
+/// A part's number, which S3 allows from 1 to `PARTS_MAX`.
+fn part_number(number: i32) -> S3Result<u32> {
+    u32::try_from(number)
+        .ok()
+        .filter(|number| (1..=PARTS_MAX).contains(number))
+        .ok_or_else(|| {
+            s3_error!(
+                InvalidArgument,
+                "part numbers are 1 to {PARTS_MAX}, not {number}"
+            )
+        })
+}
+
+/// A part's size, at most `PART_BYTES_MAX`.
+fn check_part_bytes(bytes: u64) -> S3Result<()> {
+    if bytes > PART_BYTES_MAX {
+        return Err(s3_error!(
+            EntityTooLarge,
+            "a part is at most {PART_BYTES_MAX} bytes; this one is {bytes}"
+        ));
+    }
+    Ok(())
+}
+
 fn staged(key: &str) -> S3Result<StoreKey> {
     StoreKey::staged(key).map_err(engine_error)
 }
@@ -407,20 +431,8 @@ impl Gateway {
         let bytes = announced_bytes(&req.headers, req.input.content_length)?;
         let mut input = req.input;
         let (body, trailers) = request_body(&req.headers, input.body.take(), req.trailing_headers)?;
-        let number = u32::try_from(input.part_number).unwrap_or(0);
-        if !(1..=PARTS_MAX).contains(&number) {
-            return Err(s3_error!(
-                InvalidArgument,
-                "part numbers are 1 to {PARTS_MAX}, not {}",
-                input.part_number
-            ));
-        }
-        if bytes > PART_BYTES_MAX {
-            return Err(s3_error!(
-                EntityTooLarge,
-                "a part is at most {PART_BYTES_MAX} bytes; this one is {bytes}"
-            ));
-        }
+        let number = part_number(input.part_number)?;
+        check_part_bytes(bytes)?;
         let upload = self
             .upload(&input.bucket, &input.key, &input.upload_id)
             .await?;
@@ -502,14 +514,7 @@ impl Gateway {
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let input = req.input;
-        let number = u32::try_from(input.part_number).unwrap_or(0);
-        if !(1..=PARTS_MAX).contains(&number) {
-            return Err(s3_error!(
-                InvalidArgument,
-                "part numbers are 1 to {PARTS_MAX}, not {}",
-                input.part_number
-            ));
-        }
+        let number = part_number(input.part_number)?;
         let (source_bucket, source_key) =
             self.copy_source(&input.copy_source, req.credentials.as_ref())?;
         let range = input
@@ -534,12 +539,7 @@ impl Gateway {
             input.copy_source_if_none_match.as_ref(),
         )?;
         let bytes = resolved.map_or(meta.bytes, |range| range.end - range.start);
-        if bytes > PART_BYTES_MAX {
-            return Err(s3_error!(
-                EntityTooLarge,
-                "a part is at most {PART_BYTES_MAX} bytes; this one is {bytes}"
-            ));
-        }
+        check_part_bytes(bytes)?;
         let check = BodyCheck::new(&req.headers, None, Checksum::default(), true)?;
         let (md5, _) = self
             .store_part(&upload, number, bytes, body.boxed(), check, &Trailers::None)
