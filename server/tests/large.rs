@@ -4,7 +4,9 @@
 //!
 //! These tests write tens of GiB: they run one at a time (.config/nextest.toml), and
 //! `HYDRANT_TEST_LARGE_GIB` (default 20) and `HYDRANT_TEST_S3_LARGE_GIB` (default 2) set the
-//! sizes of the largest objects. moto, the S3 server of the tests, keeps objects in memory and
+//! sizes of the largest objects. Where the first is not set and the disk cannot hold 20 GiB
+//! twice, the folder test and the concurrent one take what the disk holds (each says so), down
+//! to a floor below which they fail with the space they need. moto, the S3 server of the tests, keeps objects in memory and
 //! slows down sharply past 2 GiB: a 4 GiB multipart upload into it ran past 15 minutes here
 //! (10 MB/s and falling), where 2 GiB takes 30 s.
 
@@ -35,10 +37,13 @@ const DRAM_BYTES: &str = "32MiB";
 const THREADS_GROWTH_MAX: u64 = 20;
 
 /// A one-shard server on `directory/data.hyd` of `data_mib` MiB with the small DRAM tier, plus
-/// `extra` flags and environment.
+/// `extra` flags and environment. The server creates the data file (allocated whole) unless
+/// the test made it already (see `sparse_data_file`).
 fn start(directory: &Path, data_mib: u64, extra: &[&str], env: &[(&str, String)]) -> ServerProcess {
-    // A data file freed a moment ago may not be given back yet (see `wait_for_free_bytes`).
-    common::wait_for_free_bytes(directory, (data_mib << 20) + GIB);
+    if !directory.join("data.hyd").exists() {
+        // A data file freed a moment ago may not be given back yet (see `wait_for_free_bytes`).
+        common::wait_for_free_bytes(directory, (data_mib << 20) + GIB);
+    }
     let mut args = vec!["--dram-bytes", DRAM_BYTES];
     args.extend_from_slice(extra);
     ServerProcess::start_shards(directory, 1, data_mib, &args, env)
@@ -50,6 +55,45 @@ fn size_from(variable: &str, default_gib: u64) -> u64 {
         .and_then(|value| value.parse::<u64>().ok())
         .unwrap_or(default_gib)
         * GIB
+}
+
+/// The size of a test's objects: `variable`'s GiB when it is given and set (the disk must then
+/// hold them), else the largest whole GiB up to `default_gib` for which `needs(size)` bytes fit on
+/// `directory`'s disk with a GiB to spare, and never under `floor` (below it the test fails,
+/// saying what it needs). `needs` counts everything the test keeps on disk at once.
+fn size_for_disk(
+    directory: &Path,
+    variable: Option<&str>,
+    default_gib: u64,
+    floor: u64,
+    needs: impl Fn(u64) -> u64,
+) -> u64 {
+    if let Some(variable) = variable.filter(|variable| std::env::var(variable).is_ok()) {
+        let size = size_from(variable, default_gib);
+        common::wait_for_free_bytes(directory, needs(size) + GIB);
+        return size;
+    }
+    let free = common::settled_free_bytes(directory);
+    let mut size = default_gib * GIB;
+    while size > floor && needs(size) + GIB > free {
+        size = (size - GIB / 4).max(floor);
+    }
+    common::wait_for_free_bytes(directory, needs(size) + GIB);
+    if size < default_gib * GIB {
+        eprintln!(
+            "the disk has {} GiB free: objects of {} MiB instead of {default_gib} GiB",
+            free >> 30,
+            size / MIB
+        );
+    }
+    size
+}
+
+/// Make `directory/data.hyd` a sparse file of `data_mib` MiB, so that it takes on disk only
+/// what the server writes into it (a zeroed device, formatted at the server's start).
+fn sparse_data_file(directory: &Path, data_mib: u64) {
+    let file = std::fs::File::create_new(directory.join("data.hyd")).unwrap();
+    file.set_len(data_mib << 20).unwrap();
 }
 
 /// A data file for one shard that holds `objects` of `object_bytes` at once (64 MiB regions
@@ -138,11 +182,16 @@ fn file_crc(path: &Path) -> u32 {
 
 #[test]
 fn an_object_of_20_gib_streams_in_out_and_through_a_folder_origin_in_bounded_memory() {
-    let size = size_from("HYDRANT_TEST_LARGE_GIB", 20) + 12_345;
     let scratch = Scratch::new("large-folder");
+    // The data file and the origin's copy.
+    let size = size_for_disk(
+        scratch.path(),
+        Some("HYDRANT_TEST_LARGE_GIB"),
+        20,
+        4 * GIB,
+        |size| (data_mib(1, size) << 20) + size,
+    ) + 12_345;
     let data = data_mib(1, size);
-    // The data file and the origin's copy, with a GiB to spare.
-    common::wait_for_free_bytes(scratch.path(), (data << 20) + size + GIB);
     let server = start(scratch.path(), data, &[], &[]);
     let baseline = server.resident_bytes();
     // Written back to the folder origin; larger than the dirty budget, so it takes it alone.
@@ -221,8 +270,12 @@ fn a_read_through_from_a_folder_origin_holds_a_bounded_number_of_threads() {
 #[test]
 fn sixteen_concurrent_streamed_puts_of_2_gib_hold_bounded_memory() {
     const PUTS: u64 = 16;
-    let size = 2 * GIB;
     let scratch = Scratch::new("large-concurrent");
+    // 2 GiB each where the disk holds them, a quarter of that at the least: what is bounded is
+    // the memory of 16 streams at once, whatever their length.
+    let size = size_for_disk(scratch.path(), None, 2, GIB / 2, |size| {
+        data_mib(PUTS, size) << 20
+    });
     let data = data_mib(PUTS, size);
     let server = start(scratch.path(), data, &["--origin", "none"], &[]);
     let baseline = server.resident_bytes();
@@ -347,6 +400,10 @@ fn a_sigkill_during_a_10_gib_put_leaves_the_previous_version() {
     let size = 10 * GIB;
     let scratch = Scratch::new("large-kill");
     let data = data_mib(1, size) + 64;
+    // The device is sized for the whole object, but only what is sent before the kill is
+    // written: a sparse data file needs that much disk, not 10 GiB.
+    common::wait_for_free_bytes(scratch.path(), 5 * GIB);
+    sparse_data_file(scratch.path(), data);
     let args = ["--origin", "none"];
     let mut server = start(scratch.path(), data, &args, &[]);
     let baseline = server.resident_bytes();

@@ -655,6 +655,21 @@ pub fn free_bytes(path: &Path) -> u64 {
     stat.f_bavail as u64 * stat.f_frsize as u64
 }
 
+/// Bytes free on `path`'s file system once space freed a moment ago has come back: sampled
+/// until two readings 200 ms apart differ by less than 64 MiB (at most 10 s).
+pub fn settled_free_bytes(path: &Path) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = free_bytes(path);
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = free_bytes(path);
+        if now.abs_diff(last) < 64 << 20 || std::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Wait until `path`'s file system has `bytes` free: a killed server's data file is freed only
 /// once the kernel has torn its ring down, a moment after the process is gone. Fails clearly
 /// when the disk is too small.
