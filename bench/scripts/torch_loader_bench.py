@@ -2,10 +2,12 @@
 how many samples per second it delivered and how busy the accelerator was.
 
     python3 torch_loader_bench.py hydrant HOST:PORT PREFIX WORKERS COMPUTE_MS
+    python3 torch_loader_bench.py hydrant-unplanned HOST:PORT PREFIX WORKERS COMPUTE_MS
     python3 torch_loader_bench.py s3torchconnector ENDPOINT_URL s3://BUCKET/PREFIX WORKERS COMPUTE_MS
 
 `hydrant`: hydrant.torch.ShardDataset over PREFIX (BUCKET/PREFIX) through hydrant's native
-protocol. `s3torchconnector`: S3IterableDataset.from_prefix over the S3 endpoint (the origin
+protocol, each worker announcing its order to the server (loader-order prefetch);
+`hydrant-unplanned`: the same without announcing it. `s3torchconnector`: S3IterableDataset.from_prefix over the S3 endpoint (the origin
 directly). Each shard is one sample; the "accelerator" spends COMPUTE_MS per sample (a sleep, as
 the benchmark harness's simulated compute). Prints `samples=N seconds=S samples_per_second=R
 utilisation=U bytes=B` (utilisation: compute time / wall time).
@@ -20,12 +22,13 @@ import torch.utils.data
 def main():
     mode, endpoint, prefix, workers, compute_ms = sys.argv[1:6]
     workers, compute = int(workers), float(compute_ms) / 1000
-    if mode == "hydrant":
+    if mode in ("hydrant", "hydrant-unplanned"):
         import hydrant
         import hydrant.torch
 
         dataset = hydrant.torch.ShardDataset(prefix, client=hydrant.Client(endpoint), shuffle=True,
-                                             seed=0, transform=lambda path, data: len(data))
+                                             seed=0, transform=lambda path, data: len(data),
+                                             plan=mode == "hydrant")
     elif mode == "s3torchconnector":
         from s3torchconnector import S3ClientConfig, S3IterableDataset
 

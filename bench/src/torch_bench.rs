@@ -1,7 +1,9 @@
 //! A PyTorch DataLoader over shard objects on an S3 origin that answers like S3 Standard
 //! (50–150 ms per request through hydrant-fault-proxy), in the same run: through hydrant
-//! (`hydrant.torch.ShardDataset`, first epoch cold — read through from the origin — then warm)
-//! against s3torchconnector's `S3IterableDataset` reading the origin directly. Same shards,
+//! (`hydrant.torch.ShardDataset`: a cold epoch — read through from the origin — with each
+//! worker announcing its order to the server (loader-order prefetch), a cold epoch of other
+//! shards of the same sizes without, then a warm epoch) against s3torchconnector's
+//! `S3IterableDataset` reading the origin directly. Same shards,
 //! same DataLoader workers, same simulated accelerator compute per sample
 //! (`bench/scripts/torch_loader_bench.py`).
 
@@ -81,16 +83,19 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     let bucket = format!("torch-{}", std::process::id());
     create_bucket(&args.s3, &bucket)?;
     let shard_bytes = args.shard_kib << 10;
-    fill_origin(
-        &args.s3,
-        &bucket,
-        args.shards,
-        |index| format!("train/shard-{index:05}"),
-        move |index| Bytes::from(vec![(index % 251) as u8; shard_bytes]),
-    )?;
+    // Two sets of the same shards: one read cold with plans, one without.
+    for prefix in ["train", "unplanned"] {
+        fill_origin(
+            &args.s3,
+            &bucket,
+            args.shards,
+            move |index| format!("{prefix}/shard-{index:05}"),
+            move |index| Bytes::from(vec![(index % 251) as u8; shard_bytes]),
+        )?;
+    }
     let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
     let data_bytes =
-        (args.shards * (shard_bytes + 8192)) as u64 * 2 + (args.dcp_mib << 21) + (1 << 30);
+        (args.shards * (shard_bytes + 8192)) as u64 * 4 + (args.dcp_mib << 21) + (1 << 30);
     // Room for the whole checkpoint in the dirty budget: the save is acknowledged at NVMe speed
     // and drains to the origin after (what write-back is for).
     let server = server_over_origin(
@@ -110,6 +115,7 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
         &origin_endpoint,
         &format!("s3://{bucket}/train/"),
     )?;
+    let unplanned = epoch(&args, "hydrant-unplanned", &address, "data/unplanned/")?;
     let cold = epoch(&args, "hydrant", &address, "data/train/")?;
     let warm = epoch(&args, "hydrant", &address, "data/train/")?;
     println!("| loader | samples/s | accelerator busy | vs s3torchconnector |");
@@ -119,7 +125,14 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
             "s3torchconnector S3IterableDataset, the origin directly",
             direct,
         ),
-        ("hydrant ShardDataset, epoch 1 (cold, read through)", cold),
+        (
+            "hydrant ShardDataset, cold epoch, no plan (read through as asked)",
+            unplanned,
+        ),
+        (
+            "hydrant ShardDataset, cold epoch, loader-order prefetch",
+            cold,
+        ),
         ("hydrant ShardDataset, epoch 2 (warm)", warm),
     ] {
         println!(
@@ -130,6 +143,10 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     }
     println!("hydrant warm/s3torchconnector = {:.1}", warm.0 / direct.0);
     println!("hydrant cold/s3torchconnector = {:.2}", cold.0 / direct.0);
+    println!(
+        "hydrant cold planned/unplanned = {:.2}",
+        cold.0 / unplanned.0
+    );
     if args.dcp_mib > 0 {
         let save = |mode: &str, endpoint: &str, checkpoint: &str| -> Result<f64, String> {
             crate::script::run(

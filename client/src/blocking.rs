@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use hydrant_proto::message::{
     BatchGetRequest, FlushRequest, ListEntries, ListEntry, ListRequest, Message, ObjectInfo,
-    PrefetchResult, PutRequest, RefusedUpload, UploadsAnswer, UploadsRequest, LIST_ENTRIES_MAX,
+    PlanKeys, PlanRequest, PlanResult, PrefetchResult, PutRequest, RefusedUpload, UploadsAnswer,
+    UploadsRequest, LIST_ENTRIES_MAX, PLAN_KEYS_MAX,
 };
 use hydrant_proto::Opcode;
 
@@ -491,6 +492,66 @@ impl SharedClient {
         Ok((objects, bytes))
     }
 
+    /// Announce that `keys` of `bucket` will be read in this order, so that each node reads
+    /// its own of them ahead from the origin, at most `window_bytes` beyond the readers, until
+    /// none of them is read for `idle`. `plan_id` names the plan (a reader's choice): a new
+    /// plan of the same id replaces the old one on every node, and an empty `keys` just ends
+    /// it. A node is told as many of its keys as one PLAN carries (65,536, and the payload
+    /// bound); returns how many keys the nodes planned.
+    pub fn plan(
+        &self,
+        bucket: &str,
+        plan_id: u64,
+        keys: &[String],
+        window_bytes: u64,
+        idle: Duration,
+    ) -> Result<u64> {
+        let request = PlanRequest {
+            bucket: bucket.to_string(),
+            plan_id,
+            window_bytes,
+            idle_ms: idle.as_millis().min(u32::MAX as u128) as u32,
+        }
+        .encode();
+        let nodes = self.inner.pools.len();
+        let mut groups: Vec<Vec<String>> = vec![Vec::new(); nodes];
+        for key in keys {
+            let owner = if nodes > 1 {
+                self.owner(bucket, key)
+            } else {
+                0
+            };
+            if groups[owner].len() < PLAN_KEYS_MAX {
+                groups[owner].push(key.clone());
+            }
+        }
+        let mut planned = 0;
+        for (index, group) in groups.iter().enumerate() {
+            let answer = self
+                .inner
+                .on_node(index, &self.inner.policy, |connection| {
+                    // As many keys as the node's payload bound takes (a count, then each key with
+                    // its 2-byte length).
+                    let payload_max = connection.limits.payload_bytes_max as usize;
+                    let mut bytes = 4;
+                    let fit = group
+                        .iter()
+                        .take_while(|key| {
+                            bytes += 2 + key.len();
+                            bytes <= payload_max
+                        })
+                        .count();
+                    let payload = PlanKeys {
+                        keys: group[..fit].to_vec(),
+                    }
+                    .encode();
+                    connection.call(Opcode::Plan, &request, &payload)
+                })?;
+            planned += PlanResult::decode(&answer.extension)?.keys;
+        }
+        Ok(planned)
+    }
+
     /// Wait until everything written to `bucket` under `prefix` (every bucket with `None`) is
     /// durable at the origin, on every node, at most `timeout`. Not retried: its TIMEOUT means
     /// the caller's wait is over.
@@ -692,6 +753,18 @@ impl Client {
 
     pub fn flush(&mut self, bucket: Option<&str>, prefix: &str, timeout: Duration) -> Result<()> {
         self.shared.flush(bucket, prefix, timeout)
+    }
+
+    /// See [`SharedClient::plan`].
+    pub fn plan(
+        &mut self,
+        bucket: &str,
+        plan_id: u64,
+        keys: &[String],
+        window_bytes: u64,
+        idle: Duration,
+    ) -> Result<u64> {
+        self.shared.plan(bucket, plan_id, keys, window_bytes, idle)
     }
 
     /// See [`SharedClient::put_from`].

@@ -22,7 +22,10 @@ pub mod store;
 pub mod tier;
 pub mod units;
 
-pub use cache::{Cache, CacheRead, PartsRead, Placed, ReadData, Within};
+pub use cache::{
+    Cache, CacheRead, PartsRead, Placed, PlanStats, ReadData, Within, PLANS_PER_SHARD_MAX,
+    PLAN_READS_IN_FLIGHT,
+};
 pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, PutSink, StreamedChunk, CHUNK_BYTES_DEFAULT,
     CRC_BLOCK_BYTES_DEFAULT, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX,

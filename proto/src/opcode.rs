@@ -18,10 +18,12 @@ pub enum Opcode {
     Stats = 11,
     /// Writes the origin refused for good: list them, or queue them for upload again.
     Uploads = 12,
+    /// The order in which a reader will read keys: the node reads ahead of it.
+    Plan = 13,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 12] = [
+    pub const ALL: [Opcode; 13] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Get,
@@ -34,6 +36,7 @@ impl Opcode {
         Opcode::Flush,
         Opcode::Stats,
         Opcode::Uploads,
+        Opcode::Plan,
     ];
 
     pub fn from_byte(byte: u8) -> Result<Opcode, ProtoError> {

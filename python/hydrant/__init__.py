@@ -17,7 +17,8 @@ sockets.
 import ctypes
 import io
 import os
-from typing import Any, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+import zlib
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import errors
 from ._hydrant import NativeClient, NativeLocal, NativeRegion, NativeRing
@@ -88,6 +89,10 @@ LIST_PAGE_MAX = 1000
 BATCH_ITEMS_MAX = 256
 #: BATCH_GET requests one ``batch_get`` keeps in flight at most.
 BATCHES_IN_FLIGHT = 4
+#: How far a plan (:meth:`Client.plan`) reads ahead of its reader by default, in bytes.
+PLAN_WINDOW_BYTES = 256 << 20
+#: A plan none of whose keys is read for this long (seconds) ends, by default.
+PLAN_IDLE_SECONDS = 30.0
 
 Range = Tuple[int, Optional[int]]
 
@@ -419,6 +424,32 @@ class Client:
         cache; returns (objects, bytes) warmed."""
         bucket, key_prefix = _split_prefix(prefix)
         return self._native.prefetch(bucket, key_prefix)
+
+    def plan(
+        self,
+        paths: Sequence[str],
+        plan_id: int,
+        window_bytes: int = PLAN_WINDOW_BYTES,
+        idle: float = PLAN_IDLE_SECONDS,
+    ) -> int:
+        """Say that ``paths`` (``BUCKET/KEY``) will be read in this order, so that each node
+        reads its own of them ahead from the origin, at most ``window_bytes`` beyond the
+        furthest one read so far, until none is read for ``idle`` seconds. ``plan_id`` (an
+        int of 64 bits, the reader's choice) names the plan: a new plan of the same id replaces
+        it. A plan also ends once its reader has passed its last key. A node takes up to 65,536 keys of one plan; returns
+        how many keys the nodes planned."""
+        if not 0 <= plan_id < 1 << 64:
+            raise UsageError("plan_id is an int of 64 bits")
+        by_bucket: Dict[str, List[str]] = {}
+        for path in paths:
+            bucket, key = _split(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        planned = 0
+        for bucket, keys in by_bucket.items():
+            # One plan per bucket, each of its own id: a plan replaces only its own bucket's.
+            bucket_plan = plan_id ^ zlib.crc32(bucket.encode())
+            planned += self._native.plan(bucket, bucket_plan, keys, int(window_bytes), float(idle))
+        return planned
 
     def flush(self, prefix: Optional[str] = None, timeout: float = 3600.0) -> None:
         """Wait until what was written under ``BUCKET[/PREFIX]`` (everything, without one) is

@@ -327,6 +327,25 @@ impl NativeClient {
         self.run(py, |client| client.prefetch(bucket, prefix))
     }
 
+    /// Keys of `bucket` that will be read in this order: the nodes read ahead of the reader.
+    #[pyo3(signature = (bucket, plan_id, keys, window_bytes, idle))]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        plan_id: u64,
+        keys: Vec<String>,
+        window_bytes: u64,
+        idle: f64,
+    ) -> PyResult<u64> {
+        let idle = Duration::try_from_secs_f64(idle).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err("idle must be a number of seconds >= 0")
+        })?;
+        self.run(py, |client| {
+            client.plan(bucket, plan_id, &keys, window_bytes, idle)
+        })
+    }
+
     #[pyo3(signature = (bucket, prefix, timeout))]
     fn flush(
         &self,

@@ -194,3 +194,52 @@ def test_a_state_of_another_listing_is_refused(server, shards):
     dataset._consumed = 17
     iter(dataset)
     assert dataset.state_dict()["consumed"] == 0
+
+
+def wait_for(condition, what, timeout=30.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.05)
+
+
+def test_each_worker_plans_its_epoch_so_the_server_reads_ahead_of_it(server):
+    # Objects only at the origin (the server's folder origin): cold for the server.
+    folder = server.origin / "torch-plan" / "epoch"
+    folder.mkdir(parents=True)
+    paths = []
+    for index in range(24):
+        (folder / f"{index:02}").write_bytes(bytes([index]) * (30_000 + index))
+        paths.append(f"torch-plan/epoch/{index:02}")
+    client = server.client(retries=0)
+    planned = server.metric("hydrant_plan_keys_total")
+    prefetched = server.metric("hydrant_plan_prefetched_total")
+    hits = server.metric("hydrant_plan_hits_total")
+    # Plans of earlier tests' loaders may still be open (until their idle time passes).
+    plans = server.metric("hydrant_plans")
+
+    # Without plans, nothing is planned.
+    quiet = hydrant.torch.ShardDataset(paths[:4], client=client, seed=1, plan=False)
+    assert len(list(quiet)) == 4
+    assert server.metric("hydrant_plan_keys_total") == planned
+    prefetched = server.metric("hydrant_plan_prefetched_total")
+
+    dataset = hydrant.torch.ShardDataset(paths, client=client, seed=3)
+    items = iter(dataset)
+    # Told the order when iteration starts, the server reads the 20 cold objects ahead (all:
+    # they fit in the window) before the first is asked for.
+    assert server.metric("hydrant_plan_keys_total") == planned + 24
+    wait_for(lambda: server.metric("hydrant_plan_prefetched_total") == prefetched + 20,
+             "the server to read the plan's cold objects ahead")
+    read = list(items)
+    assert read == [bytes([int(path[-2:])]) * (30_000 + int(path[-2:])) for path in dataset.order()]
+    assert server.metric("hydrant_plan_hits_total") == hits + 20
+    wait_for(lambda: server.metric("hydrant_plans") <= plans, "the finished plans to end")
+
+    # The next epoch's plan replaces this one (the same id); plans of two workers differ.
+    dataset.set_epoch(1)
+    first = dataset.plan_id()
+    assert first == dataset.plan_id()
+    other = hydrant.torch.ShardDataset(paths, client=client, seed=3)
+    assert other.plan_id() != first

@@ -107,7 +107,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 27] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 34] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -125,6 +125,48 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 27] = [
         MetricType::Counter,
         "Origin reads not admitted to NVMe: the admission write budget was spent.",
         |stats| stats.admission.rejected_budget,
+    ),
+    (
+        "hydrant_plans",
+        MetricType::Gauge,
+        "Loader-order plans followed now.",
+        |stats| stats.plans.active,
+    ),
+    (
+        "hydrant_plan_keys",
+        MetricType::Counter,
+        "Keys announced in loader-order plans.",
+        |stats| stats.plans.planned,
+    ),
+    (
+        "hydrant_plan_prefetched",
+        MetricType::Counter,
+        "Objects read from origins ahead of their readers by plans.",
+        |stats| stats.plans.prefetched,
+    ),
+    (
+        "hydrant_plan_prefetched_bytes",
+        MetricType::Counter,
+        "Bytes read from origins ahead of their readers by plans.",
+        |stats| stats.plans.prefetched_bytes,
+    ),
+    (
+        "hydrant_plan_hits",
+        MetricType::Counter,
+        "Reads of keys a plan had read ahead (or was reading when they came).",
+        |stats| stats.plans.hits,
+    ),
+    (
+        "hydrant_plan_wasted",
+        MetricType::Counter,
+        "Objects a plan read ahead that no reader asked for before the plan ended.",
+        |stats| stats.plans.wasted,
+    ),
+    (
+        "hydrant_plans_idle_ended",
+        MetricType::Counter,
+        "Plans ended because no reader asked for one of their keys for their idle time.",
+        |stats| stats.plans.idle_ended,
     ),
     (
         "hydrant_objects",

@@ -829,3 +829,132 @@ fn prefetch_warms_a_prefix_so_that_reads_do_not_reach_the_origin() {
     );
     assert_eq!(proxy.stats().gets_of("/prefetch/other/x"), 0);
 }
+
+/// The order in which `keys` of a loader-order plan are read: a fixed shuffle.
+fn shuffled(count: usize, seed: u64) -> Vec<String> {
+    let mut keys: Vec<String> = (0..count)
+        .map(|index| format!("epoch/{index:03}"))
+        .collect();
+    let mut state = seed | 1;
+    for index in (1..keys.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        keys.swap(index, (state % (index as u64 + 1)) as usize);
+    }
+    keys
+}
+
+#[test]
+fn a_plan_reads_ahead_of_its_reader_in_its_order_within_its_window() {
+    const OBJECTS: usize = 40;
+    const OBJECT_BYTES: usize = 1 << 20;
+    let s3 = S3Server::start();
+    let origin = Origin::new(&s3, "plan");
+    let proxy = proxy(&s3);
+    for index in 0..OBJECTS {
+        origin.put(
+            &format!("epoch/{index:03}"),
+            &object_bytes(900 + index as u64, OBJECT_BYTES),
+        );
+    }
+    let server = ServerProcess::start(&scratch("plan"), &proxy, &["--bucket", "data=s3://plan"]);
+    let mut client = server.client();
+    let order = shuffled(OBJECTS, 7);
+    let origin_gets = |key: &str| proxy.stats().gets_of(&format!("/plan/{key}"));
+    // Out of bounds: refused, nothing planned.
+    let error = client
+        .plan("data", 1, &order, 0, Duration::from_secs(30))
+        .unwrap_err();
+    assert_eq!(status_of(&error), Some(Status::BadRequest as u8), "{error}");
+    assert_eq!(server.metric("hydrant_plans"), 0);
+
+    // A window of 8 MiB over two shards: each reads ahead 4 MiB of its own keys (4 objects,
+    // and its reads in flight), in the plan's order, before any reader comes.
+    let window = 8 * OBJECT_BYTES as u64;
+    let planned = client
+        .plan("data", 1, &order, window, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(planned, OBJECTS as u64);
+    let settled = || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = server.metric("hydrant_plan_prefetched_total");
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "the plan read nothing ahead in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            let now = server.metric("hydrant_plan_prefetched_total");
+            if now == last && now > 0 {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let ahead = settled();
+    assert!(
+        (8..=16).contains(&ahead),
+        "read {ahead} objects ahead with a window of 8"
+    );
+    for key in &order[..4] {
+        assert_eq!(
+            origin_gets(key),
+            1,
+            "{key}, among the first planned, is read ahead"
+        );
+    }
+    for key in &order[OBJECTS * 3 / 4..] {
+        assert_eq!(
+            origin_gets(key),
+            0,
+            "{key}, late in the plan, waits for the readers"
+        );
+    }
+    assert_eq!(server.metric("hydrant_plans"), 2, "one per shard");
+
+    // The reader follows the plan: every object arrives whole, the window moves with it, and
+    // each is read from the origin once, mostly before the reader asks for it.
+    for key in &order {
+        let index: u64 = key.trim_start_matches("epoch/").parse().unwrap();
+        let (_, data) = client.get("data", key, None).unwrap();
+        assert!(data == object_bytes(900 + index, OBJECT_BYTES), "{key}");
+    }
+    for key in &order {
+        assert_eq!(origin_gets(key), 1, "{key} is read from the origin once");
+    }
+    let hits = server.metric("hydrant_plan_hits_total");
+    eprintln!(
+        "read ahead before the reader came: {ahead}; reads that hit the plan: {hits} of {OBJECTS}"
+    );
+    assert!(
+        hits >= OBJECTS as u64 / 2,
+        "{hits} reads found their object read ahead"
+    );
+    // Its readers passed its end: the plan is over, and nothing it read was wasted.
+    eventually("the finished plan to end", || {
+        server.metric("hydrant_plans") == 0
+    });
+    assert_eq!(server.metric("hydrant_plan_wasted_total"), 0);
+
+    // A plan no reader follows ends after its idle time, and what it read is wasted.
+    let others: Vec<String> = (0..4).map(|index| format!("other/{index}")).collect();
+    for key in &others {
+        origin.put(key, &object_bytes(1, 1000));
+    }
+    client
+        .plan("data", 2, &others, window, Duration::from_millis(500))
+        .unwrap();
+    eventually("the idle plan to end", || {
+        server.metric("hydrant_plans_idle_ended_total") >= 1 && server.metric("hydrant_plans") == 0
+    });
+    assert_eq!(server.metric("hydrant_plan_wasted_total"), 4);
+}
+
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(Instant::now() < deadline, "waited 30 s for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

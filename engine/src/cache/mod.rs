@@ -33,9 +33,12 @@ use crate::tier::dram::DramBytes;
 use crate::tier::dram::{DramStats, DramTier, Lookup};
 use crate::{Error, ErrorKind, Result};
 
+mod plan;
 mod read;
 mod through;
 mod write;
+
+pub use plan::{PlanStats, PLANS_PER_SHARD_MAX, PLAN_READS_IN_FLIGHT};
 
 use through::*;
 
@@ -353,6 +356,8 @@ pub struct Cache {
     admission: Rc<NvmeAdmission>,
     origin: Option<Rc<ShardOrigin>>,
     locks: Rc<KeyLocks>,
+    /// Orders readers announced (see `plan`).
+    plans: plan::Plans,
 }
 
 impl Cache {
@@ -377,6 +382,7 @@ impl Cache {
             admission: Rc::new(NvmeAdmission::new(admission_bytes_per_second)),
             origin,
             locks: Rc::default(),
+            plans: plan::Plans::default(),
         });
         if let Some(origin) = &cache.origin {
             // Staged objects are dirty only to be pinned: they have no origin to go to.
@@ -425,6 +431,7 @@ impl Cache {
         let mut stats = self.store.stats();
         stats.dram = self.dram_stats();
         stats.admission = self.admission_stats();
+        stats.plans = self.plans.stats();
         stats
     }
 

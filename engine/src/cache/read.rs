@@ -24,6 +24,7 @@ impl Cache {
         key: &ObjectKey,
         range: Option<ByteRange>,
     ) -> Result<Option<PartsRead>> {
+        self.plans.asked(key);
         Ok(self
             .get_to(key, range, None, None)
             .await?
@@ -43,6 +44,7 @@ impl Cache {
         range: Option<ByteRange>,
         bytes_max: u64,
     ) -> Result<Option<Within>> {
+        self.plans.asked(key);
         Ok(self
             .get_to(key, range, None, Some(bytes_max))
             .await?
@@ -64,6 +66,7 @@ impl Cache {
         range: Option<ByteRange>,
         target: &ExternalBuf,
     ) -> Result<Option<Placed>> {
+        self.plans.asked(key);
         // A range known not to fit is refused before anything is read (when the stored copy is
         // the current version without asking the origin).
         let settled = |meta: &ObjectMeta| -> Result<bool> {
@@ -211,6 +214,7 @@ impl Cache {
             version.bytes,
             "the tier holds whole objects"
         );
+        self.plans.asked(key);
         Some((from_memory(version, start..end, data, crc), reservation))
     }
 

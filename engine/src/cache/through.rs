@@ -410,12 +410,11 @@ impl Cache {
         }))
     }
 
-    /// Read the whole object through into the cache a chunk at a time (memory bounded by a
-    /// chunk); returns its size, or `None` when neither NVMe nor the origin has it.
+    /// Read the whole object through into the cache a chunk at a time, as a reader would
+    /// (memory bounded by a chunk; the first read tells the size, so no HEAD goes before it);
+    /// returns its size, or `None` when neither NVMe nor the origin has it. Not a reader's
+    /// read: plans (`plan.rs`) are not told of it.
     pub async fn warm(&self, key: &ObjectKey) -> Result<Option<u64>> {
-        let Some(meta) = self.head(key).await? else {
-            return Ok(None);
-        };
         let chunk_bytes = self.chunk_bytes();
         let mut start = 0;
         loop {
@@ -423,12 +422,12 @@ impl Cache {
                 start,
                 end: Some(start + chunk_bytes),
             };
-            if self.get(key, Some(range)).await?.is_none() {
+            let Some(Got::Parts(read)) = self.get_to(key, Some(range), None, None).await? else {
                 return Ok(None);
-            }
+            };
             start += chunk_bytes;
-            if start >= meta.bytes {
-                return Ok(Some(meta.bytes));
+            if start >= read.bytes {
+                return Ok(Some(read.bytes));
             }
         }
     }

@@ -881,6 +881,45 @@ impl EngineHandle {
         }
     }
 
+    /// Follow a plan named `id`: `keys` of `bucket` will be read in this order, so each shard
+    /// reads its own of them ahead from the origin, at most its share of `window_bytes` beyond
+    /// the readers, until none of them is asked for during `idle` (see `Cache::plan`). A plan
+    /// of the same id is replaced; no keys end it. Returns how many keys are planned.
+    pub fn plan(
+        &self,
+        bucket: &str,
+        id: u64,
+        keys: Vec<String>,
+        window_bytes: u64,
+        idle: std::time::Duration,
+    ) -> impl Future<Output = Result<u64>> + Send + 'static {
+        let handle = self.clone();
+        let bucket = bucket.to_string();
+        async move {
+            let shards = handle.inboxes.len();
+            let mut shares: Vec<Vec<ObjectKey>> = vec![Vec::new(); shards];
+            for key in &keys {
+                let key = ObjectKey::new(&bucket, key)?;
+                shares[handle.shard_of(&key)].push(key);
+            }
+            let window_bytes = (window_bytes / shards as u64).max(handle.chunk_bytes());
+            let calls: Vec<_> = shares
+                .into_iter()
+                .enumerate()
+                .map(|(shard, share)| {
+                    handle.on_shard(shard, move |cache| async move {
+                        Ok(cache.plan(id, share, window_bytes, idle) as u64)
+                    })
+                })
+                .collect();
+            let mut planned = 0;
+            for call in calls {
+                planned += call.await?;
+            }
+            Ok(planned)
+        }
+    }
+
     /// The buckets that have an origin (see `Origins::bucket_names`); none without origins.
     pub fn buckets(&self) -> impl Future<Output = Result<Vec<String>>> + Send + 'static {
         let listing = self.origins.as_ref().map(|origins| origins.bucket_names());

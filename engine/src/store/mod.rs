@@ -200,6 +200,8 @@ pub struct ShardStats {
     pub dram: crate::tier::dram::DramStats,
     /// Admissions of origin data to this store (filled in by the engine).
     pub admission: crate::tier::admission::AdmissionStats,
+    /// Loader-order plans this shard follows (filled in by the engine).
+    pub plans: crate::cache::PlanStats,
 }
 
 /// The operations in progress on one key. Versions are ordered by seq, but operations finish
@@ -533,6 +535,7 @@ impl Store {
             failure: self.failure.borrow().clone(),
             dram: Default::default(),
             admission: Default::default(),
+            plans: Default::default(),
         }
     }
 }

@@ -375,9 +375,11 @@ impl Message for PutRequest {
 mod batch;
 mod list;
 mod operations;
+mod plan;
 #[cfg(test)]
 mod tests;
 
 pub use batch::*;
 pub use list::*;
 pub use operations::*;
+pub use plan::*;

@@ -28,6 +28,21 @@ fn every_message_round_trips() {
         bytes: 1 << 40,
     };
     assert_eq!(PrefetchResult::decode(&warmed.encode()), Ok(warmed));
+    let plan = PlanRequest {
+        bucket: "datasets".into(),
+        plan_id: u64::MAX - 3,
+        window_bytes: 256 << 20,
+        idle_ms: 30_000,
+    };
+    assert_eq!(PlanRequest::decode(&plan.encode()), Ok(plan));
+    let keys = PlanKeys {
+        keys: vec!["train/b".into(), "train/a".into(), "train/b".into()],
+    };
+    assert_eq!(PlanKeys::decode(&keys.encode()), Ok(keys));
+    assert_eq!(
+        PlanResult::decode(&PlanResult { keys: 9 }.encode()),
+        Ok(PlanResult { keys: 9 })
+    );
     let uploads = UploadsRequest {
         bucket: Some("ckpt".into()),
         prefix: "step-9/".into(),
@@ -206,4 +221,28 @@ fn bad_contents_are_refused() {
     for cut in 0..encoded.len() {
         assert!(ObjectName::decode(&encoded[..cut]).is_err(), "cut at {cut}");
     }
+}
+
+#[test]
+fn a_plan_out_of_bounds_is_refused() {
+    let plan = |window_bytes, idle_ms| PlanRequest {
+        bucket: "datasets".into(),
+        plan_id: 1,
+        window_bytes,
+        idle_ms,
+    };
+    assert!(PlanRequest::decode(&plan(0, 1000).encode()).is_err());
+    assert!(PlanRequest::decode(&plan(PLAN_WINDOW_BYTES_MAX + 1, 1000).encode()).is_err());
+    assert!(PlanRequest::decode(&plan(1 << 20, PLAN_IDLE_MS_MIN - 1).encode()).is_err());
+    assert!(PlanRequest::decode(&plan(1 << 20, PLAN_IDLE_MS_MAX + 1).encode()).is_err());
+    assert!(PlanRequest::decode(&plan(PLAN_WINDOW_BYTES_MAX, PLAN_IDLE_MS_MAX).encode()).is_ok());
+    // A count past the bound is refused before any key is read.
+    let mut payload = ((PLAN_KEYS_MAX + 1) as u32).to_le_bytes().to_vec();
+    payload.extend_from_slice(&[1, 0, b'a']);
+    assert!(PlanKeys::decode(&payload).is_err());
+    // Keys are held to the key grammar.
+    let escaping = PlanKeys {
+        keys: vec!["../x".into()],
+    };
+    assert!(PlanKeys::decode(&escaping.encode()).is_err());
 }

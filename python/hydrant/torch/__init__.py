@@ -3,7 +3,9 @@
 - :class:`ShardDataset`: an ``IterableDataset`` of objects (shards), split across ranks and
   DataLoader workers so that every object is read exactly once per epoch across the job, in a
   deterministic per-epoch order (``set_epoch``), resumable mid-epoch with torchdata's
-  ``StatefulDataLoader`` (``state_dict`` / ``load_state_dict``).
+  ``StatefulDataLoader`` (``state_dict`` / ``load_state_dict``). Each worker tells the
+  servers its order when its epoch starts (:meth:`hydrant.Client.plan`), so that they read
+  ahead of it from the origin.
 - :class:`MapDataset`: map-style access by index, whole objects or ranges.
 - :func:`tar_samples`: WebDataset-style samples from a tar shard's bytes.
 - :func:`save` / :func:`load`: ``torch.save`` / ``torch.load`` to and from an object.
@@ -17,12 +19,14 @@ import os
 import random
 import tarfile
 import tempfile
+import warnings
+import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.data
 
-from .. import Client, Range, UsageError
+from .. import PLAN_IDLE_SECONDS, PLAN_WINDOW_BYTES, Client, HydrantError, Range, UsageError
 
 #: Bytes ``save`` keeps in memory before spilling the serialised object to a temporary file.
 SAVE_SPOOL_BYTES = 64 << 20
@@ -54,6 +58,12 @@ class ShardDataset(torch.utils.data.IterableDataset):
     those from ``k``. Call :meth:`set_epoch` before each epoch, as with a
     ``DistributedSampler``. Items are the objects' bytes, or what ``transform(path, data)``
     returns.
+
+    With ``plan`` (the default), each worker announces the rest of its order for the epoch
+    when it starts iterating (:meth:`hydrant.Client.plan`): the servers read its objects ahead
+    from the origin, at most ``plan_window_bytes`` beyond it, so that a cold epoch streams at
+    the origin's bandwidth rather than one object's latency at a time. A server that cannot
+    plan (an older one) is read from all the same, with a warning.
     """
 
     def __init__(
@@ -65,6 +75,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
         transform: Optional[Callable[[str, bytes], Any]] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        plan: bool = True,
+        plan_window_bytes: int = PLAN_WINDOW_BYTES,
+        plan_idle: float = PLAN_IDLE_SECONDS,
     ):
         super().__init__()
         self.client = client if client is not None else Client()
@@ -76,6 +89,12 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.rank = rank
         self.world_size = world_size
+        self.plan = plan
+        self.plan_window_bytes = plan_window_bytes
+        self.plan_idle = plan_idle
+        # Names this dataset's plans (one per rank and worker; the same across epochs, so that
+        # an epoch's plan replaces the last one's), shared by the workers' copies.
+        self._plan_nonce = random.getrandbits(32)
         self.epoch = 0
         # Objects of this epoch this worker has handed out (its share, in its order).
         self._consumed = 0
@@ -92,13 +111,23 @@ class ShardDataset(torch.utils.data.IterableDataset):
             random.Random(f"{self.seed}/{epoch}").shuffle(order)
         return order
 
-    def _share(self) -> List[str]:
+    def _place(self) -> Tuple[int, int, int, int]:
+        """(rank, world, worker, workers) of this copy of the dataset."""
         rank, world = _rank_and_world()
         rank = self.rank if self.rank is not None else rank
         world = self.world_size if self.world_size is not None else world
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, workers
+
+    def _share(self) -> List[str]:
+        rank, world, worker, workers = self._place()
         return self.order()[rank::world][worker::workers]
+
+    def plan_id(self) -> int:
+        """The id of this worker's plans (see :meth:`hydrant.Client.plan`)."""
+        rank, _, worker, _ = self._place()
+        return (self._plan_nonce << 32) | zlib.crc32(f"{rank}/{worker}".encode())
 
     def __iter__(self) -> Iterator[Any]:
         # The position is set now, not when the first item is asked for: a loader that
@@ -109,6 +138,12 @@ class ShardDataset(torch.utils.data.IterableDataset):
             start = self._resumed["consumed"]
         self._resumed = None
         self._consumed = start
+        if self.plan and share[start:]:
+            try:
+                self.client.plan(share[start:], self.plan_id(), self.plan_window_bytes,
+                                 self.plan_idle)
+            except HydrantError as error:
+                warnings.warn(f"hydrant: the servers could not plan this epoch's reads: {error}")
         return self._items(share[start:])
 
     def _items(self, paths: List[str]) -> Iterator[Any]:

@@ -32,9 +32,9 @@ use budget::*;
 use hello::*;
 use hydrant_proto::message::{
     BatchGetRequest, BatchItem, FlushRequest, GetRequest, GetRequestRef, HelloRequest,
-    HelloResponse, ListEntries, ListEntry, ListRequest, Message, ObjectInfo, ObjectName,
-    PrefetchRequest, PrefetchResult, PutRequest, RefusedUpload, UploadsAnswer, UploadsRequest,
-    LIST_ENTRIES_MAX,
+    HelloResponse, ListEntries, ListEntry, ListRequest, Message, ObjectInfo, ObjectName, PlanKeys,
+    PlanRequest, PlanResult, PrefetchRequest, PrefetchResult, PutRequest, RefusedUpload,
+    UploadsAnswer, UploadsRequest, LIST_ENTRIES_MAX,
 };
 use hydrant_proto::{
     FrameFlags, FrameHeader, Limits, Opcode, ProtoError, Status, FRAME_HEADER_BYTES,

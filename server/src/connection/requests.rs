@@ -565,6 +565,22 @@ pub(super) async fn respond(
                 .map_err(engine_failure)?;
             Ok((PrefetchResult { objects, bytes }.encode(), None))
         }
+        Opcode::Plan => {
+            let request = PlanRequest::decode(extension).map_err(bad_request)?;
+            let keys = PlanKeys::decode(&payload).map_err(bad_request)?;
+            let keys = connection
+                .engine
+                .plan(
+                    &request.bucket,
+                    request.plan_id,
+                    keys.keys,
+                    request.window_bytes,
+                    Duration::from_millis(request.idle_ms as u64),
+                )
+                .await
+                .map_err(engine_failure)?;
+            Ok((PlanResult { keys }.encode(), None))
+        }
         Opcode::Flush => {
             let request = FlushRequest::decode(extension).map_err(bad_request)?;
             connection
