@@ -36,10 +36,10 @@ pub struct TorchArgs {
     /// Where the data file goes (it is formatted).
     #[arg(long, default_value = "target/bench-scratch")]
     dir: PathBuf,
-    /// MiB of a state dict saved with DCP through hydrant and, with s3torchconnector's DCP
-    /// writer (needs `tenacity`), straight to the origin; 0 (the default): no checkpoint
-    /// measurement. s3torchconnector's writer fails against moto's server ("Header ETag not
-    /// found" from the CRT), so its peer needs a real S3 endpoint.
+    /// MiB of a state dict saved with DCP through hydrant and straight to the origin (DCP's
+    /// FileSystemWriter over boto3's transfer manager, `bench/scripts/dcp_save_bench.py`;
+    /// s3torchconnector's DCP writer fails against moto's server: "Header ETag not found");
+    /// 0 (the default): no checkpoint measurement.
     #[arg(long, default_value_t = 0)]
     dcp_mib: u64,
     /// The Python interpreter with torch, s3torchconnector and the hydrant package.
@@ -159,21 +159,21 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
                     args.dcp_mib.to_string(),
                 ],
                 &format!("the {mode} DCP save"),
-                "pip install tenacity for s3torchconnector's DCP",
+                "pip install torch boto3 ./python",
             )?
             .field("seconds")
         };
         let through = save("hydrant", &address, "hydrant://data/ckpt/step-1")?;
         let direct = save(
-            "s3torchconnector",
+            "boto3",
             &origin_endpoint,
             &format!("s3://{bucket}/ckpt-direct/step-1"),
         )?;
         println!(
-            "DCP save of {} MiB: hydrant {through:.2} s, s3torchconnector to the origin {direct:.2} s",
+            "DCP save of {} MiB until it returns: hydrant {through:.2} s, boto3 straight to the origin {direct:.2} s",
             args.dcp_mib
         );
-        println!("dcp save direct/hydrant = {:.1}", direct / through);
+        println!("dcp save direct/hydrant = {:.2}", direct / through);
     }
     let stats = proxy.stats();
     println!(

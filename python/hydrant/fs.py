@@ -28,7 +28,8 @@ from . import errors as hydrant_errors
 READ_BLOCK_BYTES = 4 << 20
 #: Bytes ``get_file`` reads at a time into its buffer.
 COPY_BLOCK_BYTES = 8 << 20
-#: Bytes a file opened for writing keeps in memory before spilling to a temporary file.
+#: Bytes a file opened for writing keeps in memory before spilling to a temporary file, by
+#: default (the ``write_spool_bytes`` storage option).
 WRITE_SPOOL_BYTES = 16 << 20
 
 
@@ -40,9 +41,12 @@ class HydrantFileSystem(AbstractFileSystem):
     # One client per set of storage options, as fsspec caches instances.
     cachable = True
 
-    def __init__(self, servers=None, token=None, timeout=None, client: Optional[Client] = None, **settings: Any):
-        super().__init__(servers=servers, token=token, timeout=timeout, **settings)
+    def __init__(self, servers=None, token=None, timeout=None, client: Optional[Client] = None,
+                 write_spool_bytes: int = WRITE_SPOOL_BYTES, **settings: Any):
+        super().__init__(servers=servers, token=token, timeout=timeout,
+                         write_spool_bytes=write_spool_bytes, **settings)
         self.client = client if client is not None else Client(servers, token, timeout, **settings)
+        self.write_spool_bytes = write_spool_bytes
 
     @classmethod
     def _strip_protocol(cls, path):
@@ -243,7 +247,8 @@ class HydrantFileSystem(AbstractFileSystem):
 
 class HydrantFile(AbstractBufferedFile):
     """A file of :class:`HydrantFileSystem`: reads fetch ranges (a read-ahead block at a
-    time); writes gather in a spooled temporary file and become one streamed PUT on close."""
+    time); writes gather in memory (up to the file system's ``write_spool_bytes``, then in a
+    temporary file) and become one streamed PUT on close."""
 
     def _fetch_range(self, start, end):
         if start >= end:
@@ -251,7 +256,7 @@ class HydrantFile(AbstractBufferedFile):
         return self.fs.client.get(self.path, range=(start, end))
 
     def _initiate_upload(self):
-        self._spool = tempfile.SpooledTemporaryFile(max_size=WRITE_SPOOL_BYTES)
+        self._spool = tempfile.SpooledTemporaryFile(max_size=self.fs.write_spool_bytes)
 
     def _upload_chunk(self, final=False):
         self.buffer.seek(0)

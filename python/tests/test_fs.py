@@ -116,3 +116,15 @@ def test_append_is_refused_and_cat_ranges_keeps_each_items_outcome(hfs):
                          [0, 0, 8, 20, 5], [2, 1, 10, 30, 3])
     assert out[0] == b"01" and isinstance(out[1], hydrant.NotFound)
     assert out[2] == b"89" and out[3] == b"" and out[4] == b""
+
+
+def test_a_file_larger_than_its_memory_spool_is_written_whole(server):
+    filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True,
+                                   write_spool_bytes=4096)
+    assert filesystem.write_spool_bytes == 4096
+    data = bytes(range(256)) * 1000
+    with filesystem.open("fs-spool/big", "wb", block_size=5000) as file:
+        for start in range(0, len(data), 3000):
+            file.write(data[start:start + 3000])
+        assert file._spool._rolled, "past 4 KiB the writes went to a temporary file"
+    assert server.client(retries=0).get("fs-spool/big") == data

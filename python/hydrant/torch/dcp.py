@@ -24,6 +24,10 @@ from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecW
 from .. import Client
 from ..fs import HydrantFileSystem
 
+#: Bytes of one checkpoint object the writer keeps in memory (beyond them it spills to a
+#: temporary file): DCP writes an object of unknown size, and hydrant's PUT wants the size first.
+WRITE_SPOOL_BYTES = 1 << 30
+
 
 def _url(checkpoint_id: Union[str, "os.PathLike[str]"]) -> str:
     path = os.fspath(checkpoint_id)
@@ -32,10 +36,13 @@ def _url(checkpoint_id: Union[str, "os.PathLike[str]"]) -> str:
 
 class StorageWriter(FsspecWriter):
     """DCP's storage writer for a checkpoint at ``hydrant://BUCKET/PREFIX`` (``thread_count``
-    objects written at once per rank; other keyword arguments are the client's settings)."""
+    objects written at once per rank; other keyword arguments are the client's settings). Each
+    object gathers in memory up to ``write_spool_bytes`` (1 GiB by default; beyond, in a
+    temporary file) and goes to the server in one streamed PUT when DCP closes it."""
 
     def __init__(self, checkpoint_id: Union[str, "os.PathLike[str]"], thread_count: int = 4,
                  single_file_per_rank: bool = True, **storage_options: Any):
+        storage_options.setdefault("write_spool_bytes", WRITE_SPOOL_BYTES)
         super().__init__(_url(checkpoint_id), single_file_per_rank=single_file_per_rank,
                          sync_files=False, thread_count=thread_count, **storage_options)
 
