@@ -43,6 +43,8 @@ pub enum ErrorKind {
     Busy,
     /// A wait (FLUSH) ran past its deadline.
     Timeout,
+    /// A conditional write found the key not as its condition requires.
+    PreconditionFailed,
 }
 
 #[derive(Debug)]

@@ -23,8 +23,8 @@ pub mod tier;
 pub mod units;
 
 pub use cache::{
-    Cache, CacheRead, PartsRead, Placed, PlanStats, ReadData, Within, PLANS_PER_SHARD_MAX,
-    PLAN_READS_IN_FLIGHT,
+    Cache, CacheRead, PartsRead, Placed, PlanStats, Precondition, ReadData, Within,
+    PLANS_PER_SHARD_MAX, PLAN_READS_IN_FLIGHT,
 };
 pub use engine::{
     Engine, EngineConfig, EngineHandle, FormatPolicy, PutSink, StreamedChunk, CHUNK_BYTES_DEFAULT,

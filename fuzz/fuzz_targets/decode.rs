@@ -3,8 +3,9 @@
 #![no_main]
 
 use hydrant_proto::message::{
-    BatchGetRequest, BatchItem, GetRequest, HelloRequest, HelloResponse, ListEntries, ListRequest,
-    Message, ObjectInfo, ObjectName, PutRequest,
+    BatchGetRequest, BatchItem, FlushRequest, GetRequest, HelloRequest, HelloResponse,
+    ListEntries, ListRequest, Message, ObjectInfo, ObjectName, PlanKeys, PlanRequest,
+    PrefetchRequest, PutRequest, UploadsAnswer, UploadsRequest,
 };
 use hydrant_proto::{FrameHeader, Limits};
 use libfuzzer_sys::fuzz_target;
@@ -26,4 +27,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = ListEntries::decode(data);
     let _ = BatchGetRequest::decode(data);
     let _ = BatchItem::decode(data);
+    let _ = PrefetchRequest::decode(data);
+    let _ = FlushRequest::decode(data);
+    let _ = UploadsRequest::decode(data);
+    let _ = UploadsAnswer::decode(data);
+    let _ = PlanRequest::decode(data);
+    let _ = PlanKeys::decode(data);
 });

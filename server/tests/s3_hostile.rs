@@ -1346,3 +1346,101 @@ fn an_unsigned_aws_chunked_put_is_decoded_and_its_trailing_checksum_checked() {
     );
     assert_serves(&address, "aws-chunked PUTs");
 }
+
+/// `writers` PUTs of `key` with `condition` (a header line) sent at once: each sends its head
+/// and half its body, and the rest only once every writer has (so every request's early check
+/// has seen the key as it was before any of them). Their statuses, and the bytes each sent.
+fn racing_conditional_puts(
+    address: &str,
+    key: &str,
+    condition: &str,
+    writers: u64,
+    bytes: usize,
+) -> Vec<(u16, Vec<u8>)> {
+    let halfway = std::sync::Arc::new(std::sync::Barrier::new(writers as usize));
+    let threads: Vec<_> = (0..writers)
+        .map(|writer| {
+            let (address, key, condition) = (address.to_string(), key.to_string(), condition.to_string());
+            let halfway = halfway.clone();
+            std::thread::spawn(move || {
+                let data = object_bytes(700 + writer, bytes);
+                let head = format!(
+                    "PUT /{BUCKET}/{key} HTTP/1.1\r\nHost: s3\r\n{condition}\r\nContent-Length: {bytes}\r\nConnection: close\r\n\r\n"
+                );
+                let mut stream = connect(&address);
+                stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                send(&mut stream, head.as_bytes());
+                send(&mut stream, &data[..bytes / 2]);
+                halfway.wait();
+                send(&mut stream, &data[bytes / 2..]);
+                let answer = answered(read_outcome(&mut BufReader::new(stream)), "a racing PUT");
+                (answer.status, data)
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect()
+}
+
+#[test]
+fn of_conditional_puts_racing_for_one_key_exactly_one_wins() {
+    let scratch = Scratch::new("s3-conditional-race");
+    let (_server, address) = start(&scratch, &[]);
+    // Whole in one chunk, and streamed a chunk at a time.
+    for (key, bytes) in [
+        ("created-small", 1 << 20),
+        ("created-large", 2 * CHUNK_BYTES + 5),
+    ] {
+        let outcomes = racing_conditional_puts(&address, key, "If-None-Match: *", 6, bytes);
+        let won: Vec<_> = outcomes
+            .iter()
+            .filter(|(status, _)| *status == 200)
+            .collect();
+        assert_eq!(
+            won.len(),
+            1,
+            "If-None-Match: * on {key}: statuses {:?}",
+            outcomes
+                .iter()
+                .map(|(status, _)| status)
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            outcomes
+                .iter()
+                .all(|(status, _)| *status == 200 || *status == 412),
+            "the others are refused with 412"
+        );
+        assert_holds(&address, key, &won[0].1, "the race");
+    }
+    // If-Match on the version all of them read: one replaces it, the others find it replaced.
+    let first = object_bytes(1, 1 << 20);
+    let etag = put(&address, "replaced", &first)
+        .header("etag")
+        .expect("an ETag")
+        .to_string();
+    let outcomes = racing_conditional_puts(
+        &address,
+        "replaced",
+        &format!("If-Match: {etag}"),
+        6,
+        1 << 20,
+    );
+    let won: Vec<_> = outcomes
+        .iter()
+        .filter(|(status, _)| *status == 200)
+        .collect();
+    assert_eq!(
+        won.len(),
+        1,
+        "If-Match: statuses {:?}",
+        outcomes
+            .iter()
+            .map(|(status, _)| status)
+            .collect::<Vec<_>>()
+    );
+    assert_holds(&address, "replaced", &won[0].1, "the If-Match race");
+    assert_serves(&address, "the races");
+}

@@ -3,15 +3,64 @@
 
 use super::*;
 
+/// What a conditional write requires of its key. It is checked on the key's shard under the
+/// key's lock, which every write of the key through this node takes in turn, so no other write
+/// slips between the check and the install.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    /// Nothing: an ordinary write.
+    Any,
+    /// No object under the key, here or at its origin (S3's `If-None-Match: *`).
+    Absent,
+    /// The version stored here is this one (by its seq; S3's `If-Match`).
+    Version(u64),
+}
+
 impl Cache {
+    /// PreconditionFailed unless `key` is as `precondition` requires; the caller holds the
+    /// key's lock.
+    async fn check_precondition(&self, key: &ObjectKey, precondition: Precondition) -> Result<()> {
+        let failed = match precondition {
+            Precondition::Any => return Ok(()),
+            Precondition::Absent => self.head(key).await?.is_some(),
+            Precondition::Version(seq) => self
+                .store
+                .version(key)
+                .is_none_or(|version| version.seq != seq),
+        };
+        if failed {
+            return Err(Error::new(
+                ErrorKind::PreconditionFailed,
+                format!(
+                    "{}/{} is not as the write requires ({precondition:?})",
+                    key.bucket(),
+                    key.key()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Store `data` as `key` by the bucket's write mode: NVMe only (no origin), write-back
     /// (dirty, acknowledged once durable on NVMe), write-through (acknowledged once the origin
     /// has it), or refused (read-only). A staged key is stored on NVMe only and pinned (kept
     /// like dirty data, never uploaded) until it is deleted.
-    pub async fn put(&self, key: ObjectKey, data: Vec<u8>) -> Result<ObjectMeta> {
+    /// With a `precondition` other than `Any`, the write happens only if the key is as it
+    /// requires (else PreconditionFailed, and nothing is written).
+    pub async fn put(
+        &self,
+        key: ObjectKey,
+        data: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             let pinned = key.is_staged();
+            if precondition == Precondition::Any {
+                return self.store.put(key, &data, pinned).await;
+            }
+            let _guard = self.locks.lock(&key).await;
+            self.check_precondition(&key, precondition).await?;
             return self.store.put(key, &data, pinned).await;
         };
         // From now until the answer, origin reads of the key are not admitted.
@@ -24,6 +73,7 @@ impl Cache {
             WriteMode::ReadOnly => Err(read_only(&key, &route)),
             WriteMode::Through => {
                 let _guard = self.locks.lock(&key).await;
+                self.check_precondition(&key, precondition).await?;
                 let bytes = data.len() as u64;
                 let data = Bytes::from(data);
                 let origins = origin.origins.clone();
@@ -68,6 +118,10 @@ impl Cache {
                 let bytes = data.len() as u64;
                 origin.origins.reserve_dirty(bytes).await?;
                 let _guard = self.locks.lock(&key).await;
+                if let Err(error) = self.check_precondition(&key, precondition).await {
+                    origin.origins.release_dirty(bytes);
+                    return Err(error);
+                }
                 match self.store.put(key.clone(), &data, true).await {
                     Ok(meta) => {
                         self.forget_refused(origin, &key);
@@ -92,15 +146,22 @@ impl Cache {
     /// time (each exactly a chunk, the last the rest), so that it is never whole in memory. By
     /// the bucket's write mode as `put`; write-through is written to NVMe first and answered
     /// once the uploader has it at the origin. A stream that ends early leaves nothing visible.
+    /// With a `precondition`, as `put`: checked before the first chunk is written.
     pub async fn put_stream(
         &self,
         key: ObjectKey,
         object_bytes: u64,
         chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
+        precondition: Precondition,
     ) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             let pinned = key.is_staged();
+            if precondition == Precondition::Any {
+                return self.write_stream(key, object_bytes, pinned, chunks).await;
+            }
+            let _guard = self.locks.lock(&key).await;
+            self.check_precondition(&key, precondition).await?;
             return self.write_stream(key, object_bytes, pinned, chunks).await;
         };
         let _change = origin.reads.change(&key);
@@ -112,8 +173,13 @@ impl Cache {
         origin.origins.reserve_dirty(object_bytes).await?;
         let written = {
             let _guard = self.locks.lock(&key).await;
-            self.write_stream(key.clone(), object_bytes, true, chunks)
-                .await
+            match self.check_precondition(&key, precondition).await {
+                Ok(()) => {
+                    self.write_stream(key.clone(), object_bytes, true, chunks)
+                        .await
+                }
+                Err(error) => Err(error),
+            }
         };
         let meta = match written {
             Ok(meta) => meta,

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::rc::Rc;
 
-use crate::cache::{Cache, CacheRead};
+use crate::cache::{Cache, CacheRead, Precondition};
 use crate::device::{Device, DeviceConfig};
 use crate::format::{
     Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
@@ -354,15 +354,20 @@ impl EngineHandle {
         PutSink,
         impl Future<Output = Result<ObjectMeta>> + Send + 'static,
     )> {
-        self.put_stream_key(ObjectKey::new(bucket, key)?, object_bytes)
+        self.put_stream_key(
+            ObjectKey::new(bucket, key)?,
+            object_bytes,
+            Precondition::Any,
+        )
     }
 
     /// `put_stream` of a key already made (a staged key, see `ObjectKey::staged`, among
-    /// others).
+    /// others), on the `precondition` (see `Cache::put`).
     pub fn put_stream_key(
         &self,
         key: ObjectKey,
         object_bytes: u64,
+        precondition: Precondition,
     ) -> Result<(
         PutSink,
         impl Future<Output = Result<ObjectMeta>> + Send + 'static,
@@ -372,7 +377,9 @@ impl EngineHandle {
         let shard = self.shard_of(&key);
         let done = self.on_shard(shard, move |cache| async move {
             let received = StreamedChunks(received);
-            cache.put_stream(key, object_bytes, &received.0).await
+            cache
+                .put_stream(key, object_bytes, &received.0, precondition)
+                .await
         });
         Ok((PutSink { chunks }, done))
     }
@@ -444,22 +451,24 @@ impl EngineHandle {
         key: &str,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
-        let call = ObjectKey::new(bucket, key).map(|key| self.put_key(key, data));
+        let call =
+            ObjectKey::new(bucket, key).map(|key| self.put_key(key, data, Precondition::Any));
         async move { call?.await }
     }
 
-    /// `put` of a key already made (a staged key, see `ObjectKey::staged`, among others).
+    /// `put` of a key already made (a staged key, see `ObjectKey::staged`, among others), on
+    /// the `precondition` (see `Cache::put`).
     pub fn put_key(
         &self,
         key: ObjectKey,
         data: Vec<u8>,
+        precondition: Precondition,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
         let call = self.check_object_bytes(data.len() as u64).map(|()| {
             let shard = self.shard_of(&key);
-            self.on_shard(
-                shard,
-                move |cache| async move { cache.put(key, data).await },
-            )
+            self.on_shard(shard, move |cache| async move {
+                cache.put(key, data, precondition).await
+            })
         });
         async move { call?.await }
     }

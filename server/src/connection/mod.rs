@@ -17,7 +17,7 @@ use hydrant_engine::rt::time::{self, sleep};
 use hydrant_engine::rt::{net, spawn};
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{ByteRange, EngineHandle, ErrorKind};
-use hydrant_engine::{Cache, ReadData, Within};
+use hydrant_engine::{Cache, Precondition, ReadData, Within};
 
 use crate::metrics;
 

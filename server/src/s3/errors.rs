@@ -15,6 +15,7 @@ pub(crate) fn s3_error(error: Error) -> S3Error {
         | ErrorKind::ShuttingDown
         | ErrorKind::Timeout => S3ErrorCode::ServiceUnavailable,
         ErrorKind::ReadOnly | ErrorKind::OriginRefused => S3ErrorCode::AccessDenied,
+        ErrorKind::PreconditionFailed => S3ErrorCode::PreconditionFailed,
         _ => S3ErrorCode::InternalError,
     };
     S3Error::with_message(code, error.to_string())

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, LIST_LIMIT_MAX};
+use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, Precondition, LIST_LIMIT_MAX};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
@@ -412,6 +412,7 @@ impl Gateway {
             .put_key(
                 staged(&upload_record_key(&input.bucket, &id))?,
                 record.into_bytes(),
+                Precondition::Any,
             )
             .await
             .map_err(engine_error)?;
@@ -479,12 +480,23 @@ impl Gateway {
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
-            .store(staged(&data_key)?, bytes, body, check, trailers)
+            .store(
+                staged(&data_key)?,
+                bytes,
+                body,
+                check,
+                trailers,
+                Precondition::Any,
+            )
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
         self.engine
-            .put_key(staged(&done_key)?, md5.clone().into_bytes())
+            .put_key(
+                staged(&done_key)?,
+                md5.clone().into_bytes(),
+                Precondition::Any,
+            )
             .await
             .map_err(engine_error)?;
         // An Abort or Complete that ran meanwhile has listed the parts already: take this
@@ -578,7 +590,14 @@ impl Gateway {
             let body = gateway.parts_body(&chosen);
             let check = BodyCheck::empty(Checksum::default());
             let (meta, _) = gateway
-                .store(target, total, body.boxed(), check, &Trailers::None)
+                .store(
+                    target,
+                    total,
+                    body.boxed(),
+                    check,
+                    &Trailers::None,
+                    Precondition::Any,
+                )
                 .await?;
             // The object is stored: a staged key left behind is garbage, not a failed upload.
             if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {

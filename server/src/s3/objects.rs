@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hydrant_engine::{ByteRange, EngineHandle, ObjectKey as StoreKey, ObjectMeta};
+use hydrant_engine::{ByteRange, EngineHandle, ObjectKey as StoreKey, ObjectMeta, Precondition};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
@@ -253,6 +253,7 @@ impl Gateway {
         body: S,
         mut check: BodyCheck,
         trailers: &Trailers,
+        precondition: Precondition,
     ) -> S3Result<(ObjectMeta, Verified)>
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
@@ -279,13 +280,17 @@ impl Gateway {
             }
             let sums = check.finish(trailers)?;
             let data = std::mem::take(&mut room.data);
-            let meta = self.engine.put_key(key, data).await.map_err(engine_error)?;
+            let meta = self
+                .engine
+                .put_key(key, data, precondition)
+                .await
+                .map_err(engine_error)?;
             drop(room);
             return Ok((meta, sums));
         }
         let (sink, done) = self
             .engine
-            .put_stream_key(key, bytes)
+            .put_stream_key(key, bytes, precondition)
             .map_err(engine_error)?;
         let done = tokio::spawn(done);
         let mut sent = 0u64;
@@ -497,8 +502,10 @@ impl S3 for Gateway {
         let mut input = req.input;
         let (body, trailers) = request_body(&req.headers, input.body.take(), req.trailing_headers)?;
         // Conditional writes: If-None-Match: * (create only) and If-Match (replace only the
-        // version the writer read). Checked before the body is taken; a write that races
-        // another between the check and the install is not refused.
+        // version the writer read). Checked before the body is taken (a write bound to fail
+        // does not read it), and again on the key's shard under its lock just before the
+        // install, so of writers racing for one condition one wins.
+        let mut precondition = Precondition::Any;
         if input.if_none_match.is_some() || input.if_match.is_some() {
             let found = self
                 .engine
@@ -514,12 +521,16 @@ impl S3 for Gateway {
                         input.key
                     ));
                 }
+                precondition = Precondition::Absent;
             }
             if let Some(condition) = &input.if_match {
                 let Some(found) = &found else {
                     return Err(no_such_key(&input.bucket, &input.key));
                 };
                 check_if_match(Some(condition), &etag_of(found.seq, 0, found.bytes))?;
+                if found.seq != 0 {
+                    precondition = Precondition::Version(found.seq);
+                }
             }
         }
         let check = BodyCheck::new(
@@ -535,7 +546,9 @@ impl S3 for Gateway {
             false,
         )?;
         let key = Self::key_of(&input.bucket, &input.key)?;
-        let (meta, Verified { sums, .. }) = self.store(key, bytes, body, check, &trailers).await?;
+        let (meta, Verified { sums, .. }) = self
+            .store(key, bytes, body, check, &trailers, precondition)
+            .await?;
         let output = PutObjectOutput {
             e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
             checksum_crc32: sums.checksum_crc32,
@@ -635,6 +648,7 @@ impl S3 for Gateway {
                 body.boxed(),
                 check,
                 &Trailers::None,
+                Precondition::Any,
             )
             .await?;
         let output = CopyObjectOutput {
