@@ -480,14 +480,7 @@ impl Gateway {
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
-            .store(
-                staged(&data_key)?,
-                bytes,
-                body,
-                check,
-                trailers,
-                Precondition::Any,
-            )
+            .store(staged(&data_key)?, bytes, body, check, trailers)
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
@@ -590,14 +583,7 @@ impl Gateway {
             let body = gateway.parts_body(&chosen);
             let check = BodyCheck::empty(Checksum::default());
             let (meta, _) = gateway
-                .store(
-                    target,
-                    total,
-                    body.boxed(),
-                    check,
-                    &Trailers::None,
-                    Precondition::Any,
-                )
+                .store(target, total, body.boxed(), check, &Trailers::None)
                 .await?;
             // The object is stored: a staged key left behind is garbage, not a failed upload.
             if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {

@@ -251,6 +251,22 @@ impl Gateway {
         key: StoreKey,
         bytes: u64,
         body: S,
+        check: BodyCheck,
+        trailers: &Trailers,
+    ) -> S3Result<(ObjectMeta, Verified)>
+    where
+        S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
+    {
+        self.store_if(key, bytes, body, check, trailers, Precondition::Any)
+            .await
+    }
+
+    /// `store` on a precondition, checked on the key's shard just before the install.
+    pub(super) async fn store_if<S>(
+        &self,
+        key: StoreKey,
+        bytes: u64,
+        body: S,
         mut check: BodyCheck,
         trailers: &Trailers,
         precondition: Precondition,
@@ -547,7 +563,7 @@ impl S3 for Gateway {
         )?;
         let key = Self::key_of(&input.bucket, &input.key)?;
         let (meta, Verified { sums, .. }) = self
-            .store(key, bytes, body, check, &trailers, precondition)
+            .store_if(key, bytes, body, check, &trailers, precondition)
             .await?;
         let output = PutObjectOutput {
             e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
@@ -648,7 +664,6 @@ impl S3 for Gateway {
                 body.boxed(),
                 check,
                 &Trailers::None,
-                Precondition::Any,
             )
             .await?;
         let output = CopyObjectOutput {
