@@ -1384,6 +1384,23 @@ fn racing_conditional_puts(
         .collect()
 }
 
+/// The bytes of the one racing PUT that got 200; every other got 412.
+fn the_one_winner<'a>(outcomes: &'a [(u16, Vec<u8>)], what: &str) -> &'a [u8] {
+    let statuses: Vec<u16> = outcomes.iter().map(|(status, _)| *status).collect();
+    let won: Vec<_> = outcomes
+        .iter()
+        .filter(|(status, _)| *status == 200)
+        .collect();
+    assert_eq!(won.len(), 1, "{what}: statuses {statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|status| *status == 200 || *status == 412),
+        "{what}: the others are refused with 412, statuses {statuses:?}"
+    );
+    &won[0].1
+}
+
 #[test]
 fn of_conditional_puts_racing_for_one_key_exactly_one_wins() {
     let scratch = Scratch::new("s3-conditional-race");
@@ -1394,26 +1411,8 @@ fn of_conditional_puts_racing_for_one_key_exactly_one_wins() {
         ("created-large", 2 * CHUNK_BYTES + 5),
     ] {
         let outcomes = racing_conditional_puts(&address, key, "If-None-Match: *", 6, bytes);
-        let won: Vec<_> = outcomes
-            .iter()
-            .filter(|(status, _)| *status == 200)
-            .collect();
-        assert_eq!(
-            won.len(),
-            1,
-            "If-None-Match: * on {key}: statuses {:?}",
-            outcomes
-                .iter()
-                .map(|(status, _)| status)
-                .collect::<Vec<_>>()
-        );
-        assert!(
-            outcomes
-                .iter()
-                .all(|(status, _)| *status == 200 || *status == 412),
-            "the others are refused with 412"
-        );
-        assert_holds(&address, key, &won[0].1, "the race");
+        let won = the_one_winner(&outcomes, &format!("If-None-Match: * on {key}"));
+        assert_holds(&address, key, won, "the race");
     }
     // If-Match on the version all of them read: one replaces it, the others find it replaced.
     let first = object_bytes(1, 1 << 20);
@@ -1428,19 +1427,7 @@ fn of_conditional_puts_racing_for_one_key_exactly_one_wins() {
         6,
         1 << 20,
     );
-    let won: Vec<_> = outcomes
-        .iter()
-        .filter(|(status, _)| *status == 200)
-        .collect();
-    assert_eq!(
-        won.len(),
-        1,
-        "If-Match: statuses {:?}",
-        outcomes
-            .iter()
-            .map(|(status, _)| status)
-            .collect::<Vec<_>>()
-    );
-    assert_holds(&address, "replaced", &won[0].1, "the If-Match race");
+    let won = the_one_winner(&outcomes, "If-Match");
+    assert_holds(&address, "replaced", won, "the If-Match race");
     assert_serves(&address, "the races");
 }
