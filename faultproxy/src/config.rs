@@ -18,6 +18,9 @@ pub const DELAY_DEFAULT: DelayRange = DelayRange {
 /// cannot exhaust threads or descriptors.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
 
+/// The longest `fault_match` accepted.
+pub const FAULT_MATCH_BYTES_MAX: usize = 1024;
+
 /// The most entries a `--faults` list may have; the list is drawn from uniformly, so repeats only
 /// weight a kind, and a longer list is certainly a mistake.
 pub const FAULT_KINDS_MAX: usize = 16;
@@ -178,6 +181,19 @@ fn validate_faults(kinds: &[FaultKind]) -> Result<(), ConfigError> {
     Ok(())
 }
 
+fn validate_fault_match(text: &str) -> Result<(), ConfigError> {
+    if text.len() > FAULT_MATCH_BYTES_MAX {
+        return Err(ConfigError::new(
+            "fault_match",
+            format!(
+                "{} bytes exceed the limit of {FAULT_MATCH_BYTES_MAX}",
+                text.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Parses a fault rate, the probability in `0..=1` that a request is faulted.
 pub fn parse_fault_rate(text: &str) -> Result<f64, ConfigError> {
     let rate: f64 = text
@@ -227,6 +243,9 @@ pub struct Settings {
     pub fault_rate: f64,
     /// The kinds a fault is drawn from, uniformly. Default: 503, 500 and reset.
     pub faults: Vec<FaultKind>,
+    /// Only requests whose `METHOD TARGET` (such as `POST /bucket/key?uploadId=...`) contains
+    /// this text may be faulted; empty: any request. Default: empty.
+    pub fault_match: String,
 }
 
 impl Default for Settings {
@@ -240,6 +259,7 @@ impl Default for Settings {
                 FaultKind::InternalError,
                 FaultKind::Reset,
             ],
+            fault_match: String::new(),
         }
     }
 }
@@ -253,6 +273,7 @@ impl Settings {
             ));
         }
         validate_fault_rate(self.fault_rate)?;
+        validate_fault_match(&self.fault_match)?;
         validate_faults(&self.faults)
     }
 
@@ -262,8 +283,17 @@ impl Settings {
             .iter()
             .map(|kind| format!("\"{}\"", kind.name()))
             .collect();
+        let fault_match: String = self
+            .fault_match
+            .chars()
+            .flat_map(|character| match character {
+                '"' | '\\' => vec!['\\', character],
+                character if character.is_control() => vec!['?'],
+                character => vec![character],
+            })
+            .collect();
         format!(
-            "{{\"delay_ms\":\"{}\",\"bandwidth_bytes_per_second\":{},\"fault_rate\":{},\"faults\":[{}]}}",
+            "{{\"delay_ms\":\"{}\",\"bandwidth_bytes_per_second\":{},\"fault_rate\":{},\"faults\":[{}],\"fault_match\":\"{fault_match}\"}}",
             self.delay,
             self.bandwidth_bytes_per_second,
             self.fault_rate,
@@ -279,6 +309,7 @@ pub struct ConfigUpdate {
     pub bandwidth_bytes_per_second: Option<u64>,
     pub fault_rate: Option<f64>,
     pub faults: Option<Vec<FaultKind>>,
+    pub fault_match: Option<String>,
 }
 
 impl ConfigUpdate {
@@ -294,11 +325,12 @@ impl ConfigUpdate {
                 "bandwidth" => update.bandwidth_bytes_per_second = Some(parse_bandwidth(&value)?),
                 "fault_rate" => update.fault_rate = Some(parse_fault_rate(&value)?),
                 "faults" => update.faults = Some(parse_faults(&value)?),
+                "fault_match" => update.fault_match = Some(value),
                 _ => {
                     return Err(ConfigError::new(
                         "query",
                         format!(
-                        "unknown parameter {key:?}; known: delay_ms, bandwidth, fault_rate, faults"
+                        "unknown parameter {key:?}; known: delay_ms, bandwidth, fault_rate, faults, fault_match"
                     ),
                     ))
                 }
@@ -319,6 +351,10 @@ impl ConfigUpdate {
                 .faults
                 .clone()
                 .unwrap_or_else(|| settings.faults.clone()),
+            fault_match: self
+                .fault_match
+                .clone()
+                .unwrap_or_else(|| settings.fault_match.clone()),
         };
         updated.validate()?;
         Ok(updated)
@@ -478,10 +514,11 @@ mod tests {
             bandwidth_bytes_per_second: 1024,
             fault_rate: 0.5,
             faults: vec![FaultKind::SlowDown, FaultKind::Reset],
+            fault_match: "POST /b/\"k\"".to_string(),
         };
         assert_eq!(
             settings.to_json(),
-            "{\"delay_ms\":\"0-0\",\"bandwidth_bytes_per_second\":1024,\"fault_rate\":0.5,\"faults\":[\"503\",\"reset\"]}"
+            "{\"delay_ms\":\"0-0\",\"bandwidth_bytes_per_second\":1024,\"fault_rate\":0.5,\"faults\":[\"503\",\"reset\"],\"fault_match\":\"POST /b/\\\"k\\\"\"}"
         );
     }
 }

@@ -153,7 +153,7 @@ impl Session<'_> {
         self.shared.stats.request_received(method, request.path());
         let settings = self.shared.settings();
         self.sleep_delay(settings.delay);
-        match self.choose_fault(&settings) {
+        match self.choose_fault(&settings, request) {
             None => self.forward(request, method, false),
             Some(Fault::ResetMidBody) => self.forward(request, method, true),
             Some(Fault::ResetBeforeForwarding) => {
@@ -187,9 +187,14 @@ impl Session<'_> {
     /// Draws whether this request is faulted and how. The rate is drawn for every request, even
     /// at rate 0, so that a connection's sequence of draws does not depend on runtime changes to
     /// the rate.
-    fn choose_fault(&mut self, settings: &Settings) -> Option<Fault> {
+    fn choose_fault(&mut self, settings: &Settings, request: &RequestHead) -> Option<Fault> {
         let draw: f64 = self.random.random();
         if draw >= settings.fault_rate {
+            return None;
+        }
+        if !settings.fault_match.is_empty()
+            && !format!("{} {}", request.method, request.target).contains(&settings.fault_match)
+        {
             return None;
         }
         let kind = settings.faults[self.random.random_range(0..settings.faults.len())];

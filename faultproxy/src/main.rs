@@ -37,6 +37,10 @@ struct Arguments {
     /// forwarding or mid-body, by a coin flip), reset-before, reset-mid-body.
     #[arg(long, default_value = "503,500,reset", value_delimiter = ',', value_parser = FaultKind::parse)]
     faults: Vec<FaultKind>,
+    /// Fault only requests whose `METHOD TARGET` contains this text, such as
+    /// `POST /bucket/key?uploadId=` (the completions of multipart uploads of one key).
+    #[arg(long)]
+    fault_match: Option<String>,
     /// Seeds the fault and delay draws, so that runs repeat.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
             bandwidth_bytes_per_second: arguments.bandwidth,
             fault_rate: arguments.fault_rate,
             faults: arguments.faults,
+            fault_match: arguments.fault_match.unwrap_or_default(),
         },
         seed: arguments.seed,
         connections_max: arguments.connections_max,

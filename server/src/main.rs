@@ -103,6 +103,16 @@ struct Arguments {
     /// Default: a quarter of the data devices, at most 4 GiB.
     #[arg(long, env = "HYDRANT_DIRTY_BYTES_MAX")]
     dirty_bytes_max: Option<String>,
+    /// How long one origin read or metadata request may take, retries included, before the
+    /// reader is told the origin is unavailable: 5s, 30s, 2m. Default 30s.
+    #[arg(long, env = "HYDRANT_ORIGIN_TIMEOUT")]
+    origin_timeout: Option<String>,
+    /// How long one upload request to the origin may take, retries included: a part, or the
+    /// completion of a multipart upload, which S3 may take minutes to assemble for a large
+    /// object. A failed part is sent again; a failed completion is checked and sent again,
+    /// never the whole object. Default 10m.
+    #[arg(long, env = "HYDRANT_UPLOAD_TIMEOUT")]
+    upload_timeout: Option<String>,
     /// Serve clients on this host over this Unix domain socket too: reads land in a shared
     /// memory region instead of crossing a socket (docs/protocol.md, "Same-host path").
     #[arg(long, env = "HYDRANT_LOCAL_SOCKET")]
@@ -184,6 +194,8 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         write,
         revalidate,
         dirty_bytes_max,
+        origin_timeout,
+        upload_timeout,
         dram_bytes,
         io_bytes_in_flight,
         admission_bytes_per_second,
@@ -237,6 +249,23 @@ fn origins(
             Some(format!("file://{}", absolute.display()))
         }
     };
+    let timeout = |flag: &str, text: &str| {
+        units::parse_duration(text)
+            .map_err(|error| format!("--{flag}: {error}"))
+            .and_then(|duration| {
+                if duration.is_zero() {
+                    Err(format!("--{flag}: must be more than 0"))
+                } else {
+                    Ok(duration)
+                }
+            })
+    };
+    if let Some(text) = &arguments.origin_timeout {
+        config.request_timeout = timeout("origin-timeout", text)?;
+    }
+    if let Some(text) = &arguments.upload_timeout {
+        config.upload_timeout = timeout("upload-timeout", text)?;
+    }
     if let Some(write) = &arguments.write {
         config.default_write = origin::parse_write_mode(write).map_err(fail)?;
     }

@@ -398,12 +398,7 @@ impl Cache {
             }
             for (key, seq, bytes) in recovered {
                 origin.origins.add_recovered_dirty(bytes);
-                origin.writes.enqueue(Upload {
-                    key,
-                    seq,
-                    bytes,
-                    attempts: 0,
-                });
+                origin.writes.enqueue(Upload::new(key, seq, bytes));
             }
             let uploader = Uploader {
                 store: cache.store.clone(),

@@ -125,12 +125,7 @@ impl Cache {
                 match self.store.put(key.clone(), &data, true).await {
                     Ok(meta) => {
                         self.forget_refused(origin, &key);
-                        origin.writes.enqueue(Upload {
-                            key,
-                            seq: meta.seq,
-                            bytes,
-                            attempts: 0,
-                        });
+                        origin.writes.enqueue(Upload::new(key, meta.seq, bytes));
                         Ok(meta)
                     }
                     Err(error) => {
@@ -189,12 +184,9 @@ impl Cache {
             }
         };
         self.forget_refused(origin, &key);
-        origin.writes.enqueue(Upload {
-            key: key.clone(),
-            seq: meta.seq,
-            bytes: object_bytes,
-            attempts: 0,
-        });
+        origin
+            .writes
+            .enqueue(Upload::new(key.clone(), meta.seq, object_bytes));
         if route.write == WriteMode::Through {
             self.wait_uploaded(origin, &key, meta.seq).await?;
             return Ok(ObjectMeta {

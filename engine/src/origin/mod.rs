@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::ObjectStore;
 
@@ -164,6 +165,9 @@ pub struct OriginConfig {
     pub threads: usize,
     /// One origin request's time limit, retries included, for reads and metadata.
     pub request_timeout: Duration,
+    /// One upload request's time limit, retries included: a part, or the completion of a
+    /// multipart upload, which S3 may take minutes to assemble for a large object.
+    pub upload_timeout: Duration,
     /// Retries (with exponential backoff) of a failed read request before the reader is told
     /// ORIGIN_UNAVAILABLE. Uploads retry until they succeed.
     pub read_retries_max: usize,
@@ -189,6 +193,7 @@ impl OriginConfig {
             metadata_entries_max: 100_000,
             threads: 2,
             request_timeout: Duration::from_secs(30),
+            upload_timeout: Duration::from_secs(600),
             read_retries_max: 2,
             upload_backoff_max: Duration::from_secs(10),
         }
@@ -231,6 +236,8 @@ impl Default for OriginConfig {
 /// A cache bucket's resolved origin: the store client, the path prefix inside it, and its rules.
 pub(crate) struct Route {
     pub store: Arc<dyn ObjectStore>,
+    /// For object stores: multipart uploads part by part, with the upload time limit.
+    pub parts: Option<Arc<dyn MultipartStore>>,
     pub prefix: Option<Path>,
     pub write: WriteMode,
     pub revalidate: Revalidate,
@@ -241,6 +248,13 @@ pub(crate) struct Route {
 }
 
 impl Route {
+    /// The multipart store; only called where `parts` is set.
+    pub(crate) fn parts(&self) -> &dyn MultipartStore {
+        self.parts
+            .as_deref()
+            .expect("part-wise uploads only to object stores")
+    }
+
     /// Where `key` lives at the origin, or an error for keys an object store cannot name.
     pub fn path(&self, key: &str) -> Result<Path> {
         let full = match &self.prefix {
@@ -315,6 +329,7 @@ const ORIGIN_BLOCKING_THREADS_MAX: usize = 16;
 /// The default origin, under which bucket `B` is the prefix `B`.
 struct DefaultOrigin {
     store: Arc<dyn ObjectStore>,
+    parts: Option<Arc<dyn MultipartStore>>,
     prefix: Option<Path>,
     url: String,
 }
@@ -383,10 +398,11 @@ impl Origins {
         origins.configured = configured;
         if let Some(url) = origins.config.default_url.clone() {
             let _context = origins.runtime().enter();
-            let (store, prefix) = remote::open_store(&url, &origins.config)?;
+            let opened = remote::open_store(&url, &origins.config)?;
             origins.default = Some(DefaultOrigin {
-                store,
-                prefix,
+                store: opened.store,
+                parts: opened.parts,
+                prefix: opened.prefix,
                 url: url.trim_end_matches('/').to_string(),
             });
         }
@@ -423,6 +439,7 @@ impl Origins {
         };
         let route = Arc::new(Route {
             store: default.store.clone(),
+            parts: default.parts.clone(),
             prefix: Some(Path::from(prefix)),
             write: self.config.default_write,
             revalidate: self.config.default_revalidate,
@@ -440,10 +457,11 @@ impl Origins {
 
     fn resolve(&self, origin: &BucketOrigin) -> Result<Route> {
         let _context = self.runtime().enter();
-        let (store, prefix) = remote::open_store(&origin.url, &self.config)?;
+        let opened = remote::open_store(&origin.url, &self.config)?;
         Ok(Route {
-            store,
-            prefix,
+            store: opened.store,
+            parts: opened.parts,
+            prefix: opened.prefix,
             write: origin.write,
             revalidate: origin.revalidate,
             url: origin.url.clone(),

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
-    GetOptions, GetRange, GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload,
+    GetOptions, GetRange, GetResultPayload, MultipartId, ObjectStore, ObjectStoreExt, PutPayload,
 };
 
 use super::{OriginConfig, OriginCounters, Route};
@@ -58,35 +59,35 @@ pub(crate) enum Condition {
     IfNoneMatch(String),
 }
 
-/// The object store and path prefix for an origin URL.
-pub(super) fn open_store(
-    url: &str,
-    config: &OriginConfig,
-) -> Result<(Arc<dyn ObjectStore>, Option<Path>)> {
+/// An origin URL opened: the store for reads, metadata and small PUTs; for object stores, the
+/// same store with the upload time limit, for multipart uploads driven part by part; and the
+/// path prefix within the container.
+pub(super) struct Opened {
+    pub store: Arc<dyn ObjectStore>,
+    pub parts: Option<Arc<dyn MultipartStore>>,
+    pub prefix: Option<Path>,
+}
+
+/// Open the store for an origin URL.
+pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
     let unavailable = |error: object_store::Error| {
         Error::new(
             ErrorKind::InvalidConfig,
             format!("cannot use origin {url}: {error}"),
         )
     };
-    let retry = object_store::RetryConfig {
-        backoff: object_store::BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
-            base: 2.0,
-        },
-        max_retries: config.read_retries_max,
-        retry_timeout: config.request_timeout,
-    };
-    let timeout = format!("{}ms", config.request_timeout.as_millis());
     if let Some(path) = url.strip_prefix("file://") {
-        let (root, prefix) = (path, None);
+        let root = path;
         std::fs::create_dir_all(root)
             .map_err(|error| Error::io(format!("cannot create the origin folder {root}"), error))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(root)
             .map_err(unavailable)?
             .with_automatic_cleanup(true);
-        return Ok((Arc::new(store), prefix));
+        return Ok(Opened {
+            store: Arc::new(store),
+            parts: None,
+            prefix: None,
+        });
     }
     let (scheme, rest) = url.split_once("://").expect("checked URL");
     let (container, prefix) = match rest.split_once('/') {
@@ -97,46 +98,88 @@ pub(super) fn open_store(
         None => (rest, None),
     };
     let root = format!("{scheme}://{container}");
-    let store: Arc<dyn ObjectStore> = match scheme {
+    // Reads and metadata give up after `request_timeout`; upload requests (a part, or the
+    // completion, which S3 may take minutes to assemble for a large object) after
+    // `upload_timeout`, so that a slow completion is waited for rather than abandoned and
+    // started over.
+    let retry = |timeout: Duration| object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: config.read_retries_max,
+        retry_timeout: timeout,
+    };
+    let limit = |timeout: Duration| format!("{}ms", timeout.as_millis());
+    let (store, parts): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match scheme {
         "s3" => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             use object_store::ClientConfigKey;
-            Arc::new(
+            let build = |timeout: Duration| {
                 AmazonS3Builder::from_env()
                     .with_url(&root)
-                    .with_retry(retry)
-                    .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .with_retry(retry(timeout))
+                    .with_config(
+                        AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                        limit(timeout),
+                    )
                     .build()
-                    .map_err(unavailable)?,
+                    .map(Arc::new)
+                    .map_err(unavailable)
+            };
+            (
+                build(config.request_timeout)?,
+                build(config.upload_timeout)?,
             )
         }
         "gs" => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
             use object_store::ClientConfigKey;
-            Arc::new(
+            let build = |timeout: Duration| {
                 GoogleCloudStorageBuilder::from_env()
                     .with_url(&root)
-                    .with_retry(retry)
-                    .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .with_retry(retry(timeout))
+                    .with_config(
+                        GoogleConfigKey::Client(ClientConfigKey::Timeout),
+                        limit(timeout),
+                    )
                     .build()
-                    .map_err(unavailable)?,
+                    .map(Arc::new)
+                    .map_err(unavailable)
+            };
+            (
+                build(config.request_timeout)?,
+                build(config.upload_timeout)?,
             )
         }
         "az" => {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
             use object_store::ClientConfigKey;
-            Arc::new(
+            let build = |timeout: Duration| {
                 MicrosoftAzureBuilder::from_env()
                     .with_url(&root)
-                    .with_retry(retry)
-                    .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                    .with_retry(retry(timeout))
+                    .with_config(
+                        AzureConfigKey::Client(ClientConfigKey::Timeout),
+                        limit(timeout),
+                    )
                     .build()
-                    .map_err(unavailable)?,
+                    .map(Arc::new)
+                    .map_err(unavailable)
+            };
+            (
+                build(config.request_timeout)?,
+                build(config.upload_timeout)?,
             )
         }
         other => unreachable!("scheme {other} passed check_url"),
     };
-    Ok((store, prefix))
+    Ok(Opened {
+        store,
+        parts: Some(parts),
+        prefix,
+    })
 }
 
 fn origin_error(
@@ -487,6 +530,140 @@ pub(crate) async fn finish_multipart(
             ))
         }
     }
+}
+
+/// Begin a multipart upload of `path`, driven part by part (object stores only).
+pub(crate) async fn create_upload(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+) -> Result<MultipartId> {
+    origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    route
+        .parts()
+        .create_multipart(&path)
+        .await
+        .map_err(|error| origin_error(&origins.counters, &route, "start an upload", error))
+}
+
+/// Upload part `index` (from 0) of upload `id`; `Ok(None)` when the origin no longer knows the
+/// upload (it expired or was aborted), so that it must start over.
+pub(crate) async fn upload_part(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+    id: MultipartId,
+    index: usize,
+    data: Bytes,
+) -> Result<Option<PartId>> {
+    let bytes = data.len() as u64;
+    match route
+        .parts()
+        .put_part(&path, &id, index, PutPayload::from(data))
+        .await
+    {
+        Ok(part) => {
+            origins
+                .counters
+                .bytes_out
+                .fetch_add(bytes, Ordering::Relaxed);
+            Ok(Some(part))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(error) => Err(origin_error(
+            &origins.counters,
+            &route,
+            "upload a part",
+            error,
+        )),
+    }
+}
+
+/// How a completion ended.
+pub(crate) enum Completion {
+    /// The object is at the origin, with this ETag when it gave one.
+    Done(Option<String>),
+    /// The origin no longer knows the upload and does not hold the object: start over.
+    Gone,
+}
+
+/// Complete upload `id` of `path`, `bytes` long, from `parts`. A completion whose answer was lost
+/// (a timeout, a broken connection, an error from an origin that had in fact finished it) is
+/// checked with a HEAD, so that an object already assembled is neither uploaded again nor its
+/// upload aborted: it counts as done when the origin's object has the upload's size and the
+/// ETag S3 gives a multipart object (the MD5 of its parts' MD5s, then `-` and their count), or,
+/// where the parts' ETags are not MD5s, the size alone once the origin has forgotten the upload.
+/// Any other failure leaves the upload open, to be completed again by the next attempt.
+pub(crate) async fn complete_upload(
+    origins: Arc<super::Origins>,
+    route: Arc<Route>,
+    path: Path,
+    id: MultipartId,
+    parts: Vec<PartId>,
+    bytes: u64,
+) -> Result<Completion> {
+    let expected = multipart_etag(&parts);
+    let error = match route.parts().complete_multipart(&path, &id, parts).await {
+        Ok(result) => return Ok(Completion::Done(result.e_tag)),
+        Err(error) => error,
+    };
+    let gone = matches!(error, object_store::Error::NotFound { .. });
+    origins.counters.heads.fetch_add(1, Ordering::Relaxed);
+    if let Ok(meta) = route.store.head(&path).await {
+        let same = match (&expected, &meta.e_tag) {
+            (Some(expected), Some(etag)) => etag.trim_matches('"') == expected,
+            (Some(_), None) => false,
+            (None, _) => gone,
+        };
+        if meta.size == bytes && same {
+            log::info!(
+                "origin {}: the completion of {path} failed ({error}), but the object it makes is there",
+                route.url
+            );
+            return Ok(Completion::Done(meta.e_tag));
+        }
+    }
+    if gone {
+        return Ok(Completion::Gone);
+    }
+    Err(origin_error(
+        &origins.counters,
+        &route,
+        "complete an upload",
+        error,
+    ))
+}
+
+/// Abort upload `id` of `path`; its parts are freed at the origin. Failures are logged only: an
+/// upload left behind is what S3's lifecycle rules for incomplete uploads are for.
+pub(crate) async fn abort_upload(route: Arc<Route>, path: Path, id: MultipartId) -> Result<()> {
+    if let Err(error) = route.parts().abort_multipart(&path, &id).await {
+        log::warn!(
+            "origin {}: could not abort an upload of {path}: {error}",
+            route.url
+        );
+    }
+    Ok(())
+}
+
+/// The ETag S3 gives an object completed from `parts`: the MD5 of their MD5s (their ETags)
+/// and their count; `None` when a part's ETag is not an MD5 (other stores, encryption with KMS).
+fn multipart_etag(parts: &[PartId]) -> Option<String> {
+    use md5::{Digest, Md5};
+    let mut digests = Md5::new();
+    for part in parts {
+        let etag = part.content_id.trim_matches('"');
+        if etag.len() != 32 {
+            return None;
+        }
+        for pair in etag.as_bytes().chunks(2) {
+            let pair = std::str::from_utf8(pair).ok()?;
+            digests.update([u8::from_str_radix(pair, 16).ok()?]);
+        }
+    }
+    let digest = digests.finalize();
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    Some(format!("{hex}-{}", parts.len()))
 }
 
 pub(crate) async fn delete(

@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use object_store::multipart::PartId;
+use object_store::path::Path;
+use object_store::MultipartId;
 
 use super::{remote, OriginVersion, Route, ShardOrigin};
 use crate::rt::sync::{Semaphore, WaitQueue};
@@ -29,6 +32,36 @@ pub(crate) struct Upload {
     pub bytes: u64,
     /// Failed attempts so far (each failure waits longer before the next).
     pub attempts: u32,
+    /// A multipart upload of this version begun at an object store by an earlier attempt: the
+    /// next attempt goes on from its last part (or only completes it) instead of starting over.
+    begun: Option<Begun>,
+}
+
+impl Upload {
+    pub fn new(key: ObjectKey, seq: u64, bytes: u64) -> Upload {
+        Upload {
+            key,
+            seq,
+            bytes,
+            attempts: 0,
+            begun: None,
+        }
+    }
+}
+
+/// A multipart upload open at the origin: where, its id, and the parts it holds, in order.
+struct Begun {
+    route: Arc<Route>,
+    path: Path,
+    id: MultipartId,
+    parts: Vec<PartId>,
+}
+
+impl Begun {
+    /// Abort it at the origin, in the background (the origin pool runs it to the end).
+    fn abort(self, origins: &super::Origins) {
+        drop(origins.run(remote::abort_upload(self.route, self.path, self.id)));
+    }
 }
 
 /// A dirty version the origin refused for good: kept on NVMe (pinned, never dropped), counted
@@ -149,12 +182,7 @@ impl WriteBack {
             let failed = self.clear_failed(key).expect("listed");
             origins.forget_failed(failed.bytes);
             origins.add_recovered_dirty(failed.bytes);
-            self.enqueue(Upload {
-                key: key.clone(),
-                seq: failed.seq,
-                bytes: failed.bytes,
-                attempts: 0,
-            });
+            self.enqueue(Upload::new(key.clone(), failed.seq, failed.bytes));
         }
         keys.len()
     }
@@ -217,10 +245,13 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
         .is_some_and(|meta| meta.seq == upload.seq && meta.dirty);
     let outcome = if !current {
         // Deleted, or superseded by a newer version with an upload of its own.
+        if let Some(begun) = upload.begun.take() {
+            begun.abort(&origin.origins);
+        }
         Ok(None)
     } else {
         match origin.origins.route(upload.key.bucket()) {
-            Ok(Some(route)) => upload_version(uploader, &route, &upload).await,
+            Ok(Some(route)) => upload_version(uploader, &route, &mut upload).await,
             Ok(None) => Err(Error::new(
                 ErrorKind::OriginRefused,
                 "its bucket has no origin now (the configuration changed)",
@@ -297,8 +328,11 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
 /// budget (so that one unwritable key never stalls every other writer); it stays dirty on NVMe,
 /// is counted among the refused bytes (bounded apart, `failed_bytes_max`) and is reported by
 /// name until it is retried, replaced or deleted.
-fn refused(uploader: &Uploader, upload: Upload, error: Error) {
+fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
     let origin = &uploader.origin;
+    if let Some(begun) = upload.begun.take() {
+        begun.abort(&origin.origins);
+    }
     let current = uploader
         .store
         .head(&upload.key)
@@ -352,7 +386,7 @@ fn finish(uploader: &Uploader, upload: &Upload) {
 async fn upload_version(
     uploader: &Uploader,
     route: &Arc<Route>,
-    upload: &Upload,
+    upload: &mut Upload,
 ) -> Result<Option<Option<String>>> {
     let origins = uploader.origin.origins.clone();
     let path = route.path(upload.key.key())?;
@@ -366,6 +400,106 @@ async fn upload_version(
             .await?;
         return Ok(Some(etag));
     }
+    if route.parts.is_none() {
+        return upload_whole(uploader, route, upload, path).await;
+    }
+    // An upload begun by an earlier attempt goes on where it stopped, if it is still bound for
+    // the same place.
+    let mut begun = match upload.begun.take() {
+        Some(begun) if Arc::ptr_eq(&begun.route, route) && begun.path == path => begun,
+        other => {
+            if let Some(stale) = other {
+                stale.abort(&origins);
+            }
+            let id = origins
+                .run(remote::create_upload(
+                    origins.clone(),
+                    route.clone(),
+                    path.clone(),
+                ))
+                .await?;
+            Begun {
+                route: route.clone(),
+                path,
+                id,
+                parts: Vec::new(),
+            }
+        }
+    };
+    let part_bytes = config.part_bytes;
+    loop {
+        let offset = begun.parts.len() as u64 * part_bytes;
+        if offset >= upload.bytes {
+            break;
+        }
+        let end = (offset + part_bytes).min(upload.bytes);
+        let Some(data) = read_part(uploader, upload, offset, end).await? else {
+            begun.abort(&origins);
+            return Ok(None);
+        };
+        let part = origins
+            .run(remote::upload_part(
+                origins.clone(),
+                route.clone(),
+                begun.path.clone(),
+                begun.id.clone(),
+                begun.parts.len(),
+                data,
+            ))
+            .await;
+        match part {
+            Ok(Some(part)) => begun.parts.push(part),
+            Ok(None) => {
+                return Err(Error::new(
+                    ErrorKind::OriginUnavailable,
+                    format!(
+                        "origin {} forgot the upload of {}: it starts over",
+                        route.url, begun.path
+                    ),
+                ))
+            }
+            Err(error) => {
+                upload.begun = Some(begun);
+                return Err(error);
+            }
+        }
+    }
+    let completion = origins
+        .run(remote::complete_upload(
+            origins.clone(),
+            route.clone(),
+            begun.path.clone(),
+            begun.id.clone(),
+            begun.parts.clone(),
+            upload.bytes,
+        ))
+        .await;
+    match completion {
+        Ok(remote::Completion::Done(etag)) => Ok(Some(etag)),
+        Ok(remote::Completion::Gone) => Err(Error::new(
+            ErrorKind::OriginUnavailable,
+            format!(
+                "origin {} forgot the upload of {} before completing it: it starts over",
+                route.url, begun.path
+            ),
+        )),
+        Err(error) => {
+            upload.begun = Some(begun);
+            Err(error)
+        }
+    }
+}
+
+/// Upload a version in parts to an origin without part-wise uploads (a local folder): each
+/// attempt starts over.
+async fn upload_whole(
+    uploader: &Uploader,
+    route: &Arc<Route>,
+    upload: &Upload,
+    path: Path,
+) -> Result<Option<Option<String>>> {
+    let origins = uploader.origin.origins.clone();
+    let part_bytes = origins.config().part_bytes;
     let mut multipart = origins
         .run(remote::start_multipart(
             origins.clone(),
@@ -375,7 +509,7 @@ async fn upload_version(
         .await?;
     let mut offset = 0;
     while offset < upload.bytes {
-        let end = (offset + config.part_bytes).min(upload.bytes);
+        let end = (offset + part_bytes).min(upload.bytes);
         let Some(data) = read_part(uploader, upload, offset, end).await? else {
             let abandoned = multipart;
             // Spawned on the origin pool; dropping the handle does not cancel it.
@@ -447,12 +581,11 @@ mod tests {
     fn queued(keys: &[(&str, &str)]) -> WriteBack {
         let writes = WriteBack::default();
         for (seq, (bucket, key)) in keys.iter().enumerate() {
-            writes.enqueue(Upload {
-                key: ObjectKey::new(bucket, key).unwrap(),
-                seq: seq as u64 + 1,
-                bytes: 1,
-                attempts: 0,
-            });
+            writes.enqueue(Upload::new(
+                ObjectKey::new(bucket, key).unwrap(),
+                seq as u64 + 1,
+                1,
+            ));
         }
         writes
     }

@@ -1,0 +1,114 @@
+//! Multipart write-back against an S3 origin (moto's) that is slow or loses answers, through
+//! hydrant's fault proxy, which counts the requests: every part goes up once, a completion that
+//! takes longer than a read may is waited for, and one whose answer was lost is recognised at
+//! the origin rather than uploaded again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{object_bytes, S3Server, Scratch, ServerProcess};
+use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle};
+
+const PART_BYTES: usize = 16 << 20;
+
+/// The proxy in front of `s3`, with `settings` (a control query) in force.
+fn proxy(s3: &S3Server, settings: &str) -> ProxyHandle {
+    let mut config = hydrant_fault_proxy::Config::new(s3.address());
+    config.settings.delay = DelayRange::NONE;
+    let proxy = hydrant_fault_proxy::start(config).unwrap();
+    proxy
+        .set_config(ConfigUpdate::from_query(settings).unwrap())
+        .unwrap();
+    proxy
+}
+
+/// hydrant-server with one shard, bucket `data` written back to `s3://bucket`, reached through
+/// `proxy`.
+fn server(
+    scratch: &Scratch,
+    s3: &S3Server,
+    proxy: &ProxyHandle,
+    bucket: &str,
+    extra: &[&str],
+) -> ServerProcess {
+    let mut env = s3.env();
+    for (name, value) in &mut env {
+        if *name == "AWS_ENDPOINT" {
+            *value = format!("http://{}", proxy.addr());
+        }
+    }
+    let origin = format!("data=s3://{bucket},write=back");
+    let mut args = vec!["--origin", "none", "--bucket", &origin];
+    args.extend_from_slice(extra);
+    ServerProcess::start_shards(scratch.path(), 1, 512, &args, &env)
+}
+
+/// Write `data` as `data/big`, FLUSH it, and check the origin holds it byte-exact.
+fn write_back(server: &ServerProcess, s3: &S3Server, bucket: &str, data: &[u8]) {
+    let mut client = server.client();
+    assert!(client.put("data", "big", data).unwrap().dirty);
+    client
+        .flush(Some("data"), "", Duration::from_secs(120))
+        .unwrap_or_else(|error| panic!("FLUSH: {error}"));
+    assert_eq!(s3.crc(bucket, "big"), crc32c::crc32c(data));
+}
+
+#[test]
+fn a_completion_slower_than_a_read_may_take_is_waited_for_not_started_over() {
+    let s3 = S3Server::start();
+    s3.create_bucket("slow-completion");
+    // Every origin request takes 1.5 s; reads may take 1 s.
+    let proxy = proxy(&s3, "delay_ms=1500");
+    let scratch = Scratch::new("upload-slow");
+    let server = server(
+        &scratch,
+        &s3,
+        &proxy,
+        "slow-completion",
+        &["--origin-timeout", "1s"],
+    );
+    let data = object_bytes(7, 2 * PART_BYTES + 12_345);
+    write_back(&server, &s3, "slow-completion", &data);
+    let stats = proxy.stats();
+    assert_eq!(
+        stats.method(Method::Put).requests,
+        3,
+        "each part once: {}",
+        stats.to_json()
+    );
+    assert_eq!(
+        stats.method(Method::Post).requests,
+        2,
+        "one start, one completion: {}",
+        stats.to_json()
+    );
+    assert_eq!(server.metric("hydrant_origin_upload_retries_total"), 0);
+    s3.create_bucket("slow-completion");
+}
+
+#[test]
+fn a_completion_whose_answer_is_lost_is_found_at_the_origin_not_uploaded_again() {
+    let s3 = S3Server::start();
+    s3.create_bucket("lost-completion");
+    // Every completion reaches the origin, which assembles the object, but its answer is cut.
+    let proxy = proxy(
+        &s3,
+        "fault_rate=1&faults=reset-mid-body&fault_match=POST%20/lost-completion/big?uploadId=",
+    );
+    let scratch = Scratch::new("upload-lost");
+    let server = server(&scratch, &s3, &proxy, "lost-completion", &[]);
+    let data = object_bytes(8, 3 * PART_BYTES + 1);
+    write_back(&server, &s3, "lost-completion", &data);
+    let stats = proxy.stats();
+    assert!(stats.faults.reset_mid_body > 0, "{}", stats.to_json());
+    assert_eq!(
+        stats.method(Method::Put).requests,
+        4,
+        "each part once: {}",
+        stats.to_json()
+    );
+    // The object is clean: the server recorded it as at the origin.
+    assert!(!server.client().head("data", "big").unwrap().dirty);
+    s3.create_bucket("lost-completion");
+}
