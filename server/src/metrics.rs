@@ -107,7 +107,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 34] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 35] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -125,6 +125,12 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 34] = [
         MetricType::Counter,
         "Origin reads not admitted to NVMe: the admission write budget was spent.",
         |stats| stats.admission.rejected_budget,
+    ),
+    (
+        "hydrant_dirty_oldest_milliseconds",
+        MetricType::Gauge,
+        "How long the oldest write still on its way to the origin has waited since its PUT was acknowledged.",
+        |stats| stats.dirty_oldest_ms,
     ),
     (
         "hydrant_plans",
@@ -708,7 +714,46 @@ fn encode_origin(
                 .encode_counter::<NoLabelSet, u64, u64>(&count, None)?;
         }
     }
-    let single_metrics: [(&str, MetricType, &str, u64); 8] = [
+    {
+        let mut metric = encoder.encode_descriptor(
+            "hydrant_upload_clean_seconds",
+            "Time from a write-back PUT's acknowledgement to its version being at the origin.",
+            None,
+            MetricType::Histogram,
+        )?;
+        let buckets: Vec<(f64, u64)> = hydrant_engine::origin::CLEAN_BUCKETS_MS
+            .iter()
+            .map(|&millis| millis as f64 / 1e3)
+            .chain([f64::INFINITY])
+            .zip(origin.clean_buckets)
+            .collect();
+        let count = origin.clean_buckets.iter().sum();
+        metric.encode_histogram::<NoLabelSet>(
+            origin.clean_sum_ms as f64 / 1e3,
+            count,
+            &buckets,
+            None,
+        )?;
+    }
+    let single_metrics: [(&str, MetricType, &str, u64); 11] = [
+        (
+            "hydrant_upload_parts_in_flight",
+            MetricType::Gauge,
+            "Parts of multipart uploads being read or sent to the origin now.",
+            origin.parts_in_flight,
+        ),
+        (
+            "hydrant_upload_part_bytes_in_flight",
+            MetricType::Gauge,
+            "Bytes of those parts (bounded by the part budget).",
+            origin.part_bytes_in_flight,
+        ),
+        (
+            "hydrant_origin_slow_downs",
+            MetricType::Counter,
+            "Parts the origin answered with SlowDown or 503 (uploads to its prefix paused).",
+            origin.slow_downs,
+        ),
         (
             "hydrant_origin_errors",
             MetricType::Counter,

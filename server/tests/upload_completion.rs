@@ -112,3 +112,47 @@ fn a_completion_whose_answer_is_lost_is_found_at_the_origin_not_uploaded_again()
     assert!(!server.client().head("data", "big").unwrap().dirty);
     s3.create_bucket("lost-completion");
 }
+
+#[test]
+fn slow_down_answers_pause_the_upload_without_failing_it_or_sending_a_part_twice() {
+    let s3 = S3Server::start();
+    s3.create_bucket("slow-down");
+    // Every part is answered 503 SlowDown by the proxy (not forwarded) until faults stop.
+    let proxy = proxy(
+        &s3,
+        "fault_rate=1&faults=503&fault_match=PUT%20/slow-down/big?",
+    );
+    let scratch = Scratch::new("upload-slow-down");
+    let server = server(&scratch, &s3, &proxy, "slow-down", &[]);
+    let data = object_bytes(9, 3 * PART_BYTES + 1);
+    let mut client = server.client();
+    assert!(client.put("data", "big", &data).unwrap().dirty);
+    common::eventually("SlowDown answers reach the uploader", || {
+        server.metric("hydrant_origin_slow_downs_total") >= 2
+    });
+    let error = client
+        .flush(Some("data"), "", Duration::from_millis(500))
+        .unwrap_err();
+    assert!(error.to_string().contains("on their way"), "{error}");
+    assert!(s3.list("slow-down").is_empty());
+    proxy
+        .set_config(ConfigUpdate::from_query("fault_rate=0").unwrap())
+        .unwrap();
+    client
+        .flush(Some("data"), "", Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(s3.crc("slow-down", "big"), crc32c::crc32c(&data));
+    let stats = proxy.stats();
+    assert_eq!(
+        stats.method(Method::Put).forwarded,
+        4,
+        "each part reached the origin once: {}",
+        stats.to_json()
+    );
+    assert_eq!(
+        server.metric("hydrant_origin_upload_retries_total"),
+        0,
+        "the attempt waited out the SlowDowns instead of failing"
+    );
+    s3.create_bucket("slow-down");
+}

@@ -428,6 +428,11 @@ impl Cache {
         stats.dram = self.dram_stats();
         stats.admission = self.admission_stats();
         stats.plans = self.plans.stats();
+        stats.dirty_oldest_ms = self
+            .origin
+            .as_ref()
+            .and_then(|origin| origin.writes.oldest_age())
+            .map_or(0, |age| age.as_millis() as u64);
         stats
     }
 

@@ -7,6 +7,7 @@
 //! What a shard does with the answers (read-through, write-back) lives in [`read`] and
 //! [`writeback`], driven by the shard's tier stack (`cache/`).
 
+pub(crate) mod parts;
 pub(crate) mod read;
 pub(crate) mod remote;
 pub(crate) mod writeback;
@@ -153,10 +154,16 @@ pub struct OriginConfig {
     pub failed_bytes_max: u64,
     /// Objects above this size are uploaded in parts.
     pub multipart_threshold_bytes: u64,
-    /// The part size of multipart uploads (S3 needs at least 5 MiB for all but the last part).
+    /// The part size of multipart uploads (S3 needs at least 5 MiB for all but the last part);
+    /// larger for an object that would otherwise need more than S3's 10,000 parts.
     pub part_bytes: u64,
-    /// Uploads in flight per shard.
+    /// Objects uploading at once per shard.
     pub uploads_per_shard_max: usize,
+    /// Parts of one object uploading at once (to an object store).
+    pub parts_in_flight_per_upload_max: usize,
+    /// Bytes of parts in flight for the whole node (read from NVMe, held in memory, on their way
+    /// to the origin); a part waits for room. At least one part.
+    pub part_bytes_in_flight_max: u64,
     /// How long HEAD answers from the origin are reused.
     pub metadata_ttl: Duration,
     /// Objects whose origin metadata a shard keeps in memory.
@@ -189,6 +196,8 @@ impl OriginConfig {
             multipart_threshold_bytes: 16 << 20,
             part_bytes: 16 << 20,
             uploads_per_shard_max: 4,
+            parts_in_flight_per_upload_max: 8,
+            part_bytes_in_flight_max: 256 << 20,
             metadata_ttl: Duration::from_secs(5),
             metadata_entries_max: 100_000,
             threads: 2,
@@ -218,6 +227,14 @@ impl OriginConfig {
                 "parts must be at least 5 MiB and the multipart threshold at least a part".into(),
             ));
         }
+        if self.part_bytes_in_flight_max < self.part_bytes
+            || self.part_bytes_in_flight_max > 64 << 30
+            || self.parts_in_flight_per_upload_max == 0
+        {
+            return Err(invalid(
+                "part bytes in flight must be at least a part and at most 64 GiB, and parts in flight per upload at least 1".into(),
+            ));
+        }
         if self.threads == 0 || self.threads > 64 || self.uploads_per_shard_max == 0 {
             return Err(invalid(
                 "origin threads must be 1-64 and uploads per shard at least 1".into(),
@@ -245,6 +262,8 @@ pub(crate) struct Route {
     pub url: String,
     /// Whether the store lists in key order (object stores do; a local folder does not).
     pub listing_sorted: bool,
+    /// Pauses uploads here after SlowDown answers.
+    pub throttle: parts::Throttle,
 }
 
 impl Route {
@@ -315,6 +334,8 @@ pub struct Origins {
     /// Refused uploads held on NVMe (apart from the dirty budget): their bytes and count.
     failed_bytes: AtomicU64,
     failed_uploads: AtomicU64,
+    /// Room for part bytes in flight, node-wide, in KiB (`part_bytes_in_flight_max`).
+    part_budget: tokio::sync::Semaphore,
     pub(crate) counters: OriginCounters,
 }
 
@@ -346,6 +367,32 @@ pub struct OriginCounters {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub uploads_retried: AtomicU64,
+    /// Parts being read or uploaded now, and their bytes.
+    pub parts_in_flight: AtomicU64,
+    pub part_bytes_in_flight: AtomicU64,
+    /// Parts the origin answered with SlowDown (or 503), after object_store's own retries.
+    pub slow_downs: AtomicU64,
+    /// Time from a write-back PUT's acknowledgement to its version being at the origin, by
+    /// `CLEAN_BUCKETS_MS` (the last is +Inf), their sum and count.
+    pub clean_buckets: [AtomicU64; CLEAN_BUCKETS_MS.len() + 1],
+    pub clean_sum_ms: AtomicU64,
+}
+
+/// Upper bounds of the acknowledgement-to-clean histogram's buckets, in milliseconds.
+pub const CLEAN_BUCKETS_MS: [u64; 10] = [
+    100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 1_800_000, 3_600_000,
+];
+
+impl OriginCounters {
+    pub(crate) fn observe_clean(&self, waited: Duration) {
+        let millis = waited.as_millis() as u64;
+        let bucket = CLEAN_BUCKETS_MS
+            .iter()
+            .position(|&bound| millis <= bound)
+            .unwrap_or(CLEAN_BUCKETS_MS.len());
+        self.clean_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.clean_sum_ms.fetch_add(millis, Ordering::Relaxed);
+    }
 }
 
 /// A copy of the origin counters and the dirty state, for STATS and metrics.
@@ -365,11 +412,18 @@ pub struct OriginStats {
     /// Refused uploads held on NVMe (see `WriteBack`'s failed versions).
     pub failed_bytes: u64,
     pub failed_uploads: u64,
+    pub parts_in_flight: u64,
+    pub part_bytes_in_flight: u64,
+    pub slow_downs: u64,
+    /// Per `CLEAN_BUCKETS_MS` bucket (not cumulative), then the sum in milliseconds.
+    pub clean_buckets: [u64; CLEAN_BUCKETS_MS.len() + 1],
+    pub clean_sum_ms: u64,
 }
 
 impl Origins {
     pub(crate) fn start(config: OriginConfig) -> Result<Origins> {
         config.validate()?;
+        let part_budget_kib = (config.part_bytes_in_flight_max >> 10) as usize;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.threads)
             .max_blocking_threads(ORIGIN_BLOCKING_THREADS_MAX)
@@ -387,6 +441,7 @@ impl Origins {
             backpressure: AtomicBool::new(false),
             failed_bytes: AtomicU64::new(0),
             failed_uploads: AtomicU64::new(0),
+            part_budget: tokio::sync::Semaphore::new(part_budget_kib),
             counters: OriginCounters::default(),
         };
         // Resolve the configured buckets and open the default origin now, so that a bad URL or
@@ -445,6 +500,7 @@ impl Origins {
             revalidate: self.config.default_revalidate,
             url: format!("{}/{bucket}", default.url),
             listing_sorted: !default.url.starts_with("file://"),
+            throttle: parts::Throttle::default(),
         });
         if routes.len() >= DEFAULT_ROUTES_MAX {
             if let Some(victim) = routes.keys().next().cloned() {
@@ -466,6 +522,7 @@ impl Origins {
             revalidate: origin.revalidate,
             url: origin.url.clone(),
             listing_sorted: !origin.url.starts_with("file://"),
+            throttle: parts::Throttle::default(),
         })
     }
 
@@ -642,7 +699,24 @@ impl Origins {
             dirty_bytes_max: self.config.dirty_bytes_max,
             failed_bytes: self.failed_bytes(),
             failed_uploads: self.failed_uploads.load(Ordering::Acquire),
+            parts_in_flight: load(&counters.parts_in_flight),
+            part_bytes_in_flight: load(&counters.part_bytes_in_flight),
+            slow_downs: load(&counters.slow_downs),
+            clean_buckets: std::array::from_fn(|bucket| load(&counters.clean_buckets[bucket])),
+            clean_sum_ms: load(&counters.clean_sum_ms),
         }
+    }
+
+    /// Wait for room for a part of `bytes` among the part bytes in flight (a part larger than
+    /// the whole budget waits for all of it).
+    pub(crate) async fn part_budget(&self, bytes: u64) -> tokio::sync::SemaphorePermit<'_> {
+        let kib = bytes
+            .div_ceil(1024)
+            .min(self.config.part_bytes_in_flight_max >> 10) as u32;
+        self.part_budget
+            .acquire_many(kib)
+            .await
+            .expect("the part budget is never closed")
     }
 }
 

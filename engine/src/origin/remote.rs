@@ -546,8 +546,16 @@ pub(crate) async fn create_upload(
         .map_err(|error| origin_error(&origins.counters, &route, "start an upload", error))
 }
 
-/// Upload part `index` (from 0) of upload `id`; `Ok(None)` when the origin no longer knows the
-/// upload (it expired or was aborted), so that it must start over.
+/// What the origin said to a part.
+pub(crate) enum PartAnswer {
+    Uploaded(PartId),
+    /// SlowDown (or another 503) after `object_store`'s own retries: the prefix is throttled.
+    SlowDown,
+    /// The origin no longer knows the upload (it expired or was aborted): start over.
+    Gone,
+}
+
+/// Upload part `index` (from 0) of upload `id`.
 pub(crate) async fn upload_part(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
@@ -555,7 +563,7 @@ pub(crate) async fn upload_part(
     id: MultipartId,
     index: usize,
     data: Bytes,
-) -> Result<Option<PartId>> {
+) -> Result<PartAnswer> {
     let bytes = data.len() as u64;
     match route
         .parts()
@@ -567,9 +575,13 @@ pub(crate) async fn upload_part(
                 .counters
                 .bytes_out
                 .fetch_add(bytes, Ordering::Relaxed);
-            Ok(Some(part))
+            Ok(PartAnswer::Uploaded(part))
         }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(object_store::Error::NotFound { .. }) => Ok(PartAnswer::Gone),
+        Err(error) if is_slow_down(&error) => {
+            origins.counters.slow_downs.fetch_add(1, Ordering::Relaxed);
+            Ok(PartAnswer::SlowDown)
+        }
         Err(error) => Err(origin_error(
             &origins.counters,
             &route,
@@ -577,6 +589,12 @@ pub(crate) async fn upload_part(
             error,
         )),
     }
+}
+
+/// Whether the origin asked to slow down: S3's SlowDown, or any 503.
+fn is_slow_down(error: &object_store::Error) -> bool {
+    let message = error.to_string();
+    message.contains("SlowDown") || http_status(&message) == Some(503)
 }
 
 /// How a completion ended.

@@ -10,13 +10,12 @@ use std::ops::Bound;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use object_store::multipart::PartId;
 use object_store::path::Path;
-use object_store::MultipartId;
 
+use super::parts::Begun;
 use super::{remote, OriginVersion, Route, ShardOrigin};
 use crate::rt::sync::{Semaphore, WaitQueue};
 use crate::store::{ByteRange, ObjectKey, Store};
@@ -33,8 +32,11 @@ pub(crate) struct Upload {
     /// Failed attempts so far (each failure waits longer before the next).
     pub attempts: u32,
     /// A multipart upload of this version begun at an object store by an earlier attempt: the
-    /// next attempt goes on from its last part (or only completes it) instead of starting over.
-    begun: Option<Begun>,
+    /// next attempt goes on from the parts the origin holds (or only completes it) instead of
+    /// starting over.
+    pub(crate) begun: Option<Begun>,
+    /// When it was queued (its PUT acknowledged), for the time until it is clean.
+    pub(crate) queued_at: Instant,
 }
 
 impl Upload {
@@ -45,22 +47,8 @@ impl Upload {
             bytes,
             attempts: 0,
             begun: None,
+            queued_at: Instant::now(),
         }
-    }
-}
-
-/// A multipart upload open at the origin: where, its id, and the parts it holds, in order.
-struct Begun {
-    route: Arc<Route>,
-    path: Path,
-    id: MultipartId,
-    parts: Vec<PartId>,
-}
-
-impl Begun {
-    /// Abort it at the origin, in the background (the origin pool runs it to the end).
-    fn abort(self, origins: &super::Origins) {
-        drop(origins.run(remote::abort_upload(self.route, self.path, self.id)));
     }
 }
 
@@ -87,6 +75,8 @@ pub(crate) struct WriteBack {
     /// Woken when an upload finishes (pending shrank, or a key stopped uploading).
     changed: WaitQueue,
     uploading: RefCell<HashSet<ObjectKey>>,
+    /// When each queued version was queued, by (time, seq): the oldest is the first.
+    ages: RefCell<std::collections::BTreeSet<(Instant, u64)>>,
 }
 
 impl WriteBack {
@@ -97,8 +87,17 @@ impl WriteBack {
         let newest = pending.entry(upload.key.clone()).or_insert(upload.seq);
         *newest = (*newest).max(upload.seq);
         drop(pending);
+        self.ages
+            .borrow_mut()
+            .insert((upload.queued_at, upload.seq));
         self.queue.borrow_mut().push_back(upload);
         self.queued.wake_all();
+    }
+
+    /// How long the oldest version still queued or uploading has waited for the origin.
+    pub fn oldest_age(&self) -> Option<Duration> {
+        let ages = self.ages.borrow();
+        ages.first().map(|(queued_at, _)| queued_at.elapsed())
     }
 
     /// Dirty keys under `prefix` (a joined bucket and key prefix) not yet at the origin.
@@ -263,6 +262,10 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
     writes.changed.wake_all();
     match outcome {
         Ok(Some(etag)) => {
+            origin
+                .origins
+                .counters
+                .observe_clean(upload.queued_at.elapsed());
             let marked = uploader.store.mark_clean(&upload.key, upload.seq).await;
             if let Err(error) = &marked {
                 // In memory it is clean; after a restart it is uploaded once more.
@@ -371,6 +374,11 @@ fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
 /// The upload is done (or moot): its pending entry and budget bytes go.
 fn finish(uploader: &Uploader, upload: &Upload) {
     let origin = &uploader.origin;
+    origin
+        .writes
+        .ages
+        .borrow_mut()
+        .remove(&(upload.queued_at, upload.seq));
     {
         let mut pending = origin.writes.pending.borrow_mut();
         if pending.get(&upload.key) == Some(&upload.seq) {
@@ -403,91 +411,7 @@ async fn upload_version(
     if route.parts.is_none() {
         return upload_whole(uploader, route, upload, path).await;
     }
-    // An upload begun by an earlier attempt goes on where it stopped, if it is still bound for
-    // the same place.
-    let mut begun = match upload.begun.take() {
-        Some(begun) if Arc::ptr_eq(&begun.route, route) && begun.path == path => begun,
-        other => {
-            if let Some(stale) = other {
-                stale.abort(&origins);
-            }
-            let id = origins
-                .run(remote::create_upload(
-                    origins.clone(),
-                    route.clone(),
-                    path.clone(),
-                ))
-                .await?;
-            Begun {
-                route: route.clone(),
-                path,
-                id,
-                parts: Vec::new(),
-            }
-        }
-    };
-    let part_bytes = config.part_bytes;
-    loop {
-        let offset = begun.parts.len() as u64 * part_bytes;
-        if offset >= upload.bytes {
-            break;
-        }
-        let end = (offset + part_bytes).min(upload.bytes);
-        let Some(data) = read_part(uploader, upload, offset, end).await? else {
-            begun.abort(&origins);
-            return Ok(None);
-        };
-        let part = origins
-            .run(remote::upload_part(
-                origins.clone(),
-                route.clone(),
-                begun.path.clone(),
-                begun.id.clone(),
-                begun.parts.len(),
-                data,
-            ))
-            .await;
-        match part {
-            Ok(Some(part)) => begun.parts.push(part),
-            Ok(None) => {
-                return Err(Error::new(
-                    ErrorKind::OriginUnavailable,
-                    format!(
-                        "origin {} forgot the upload of {}: it starts over",
-                        route.url, begun.path
-                    ),
-                ))
-            }
-            Err(error) => {
-                upload.begun = Some(begun);
-                return Err(error);
-            }
-        }
-    }
-    let completion = origins
-        .run(remote::complete_upload(
-            origins.clone(),
-            route.clone(),
-            begun.path.clone(),
-            begun.id.clone(),
-            begun.parts.clone(),
-            upload.bytes,
-        ))
-        .await;
-    match completion {
-        Ok(remote::Completion::Done(etag)) => Ok(Some(etag)),
-        Ok(remote::Completion::Gone) => Err(Error::new(
-            ErrorKind::OriginUnavailable,
-            format!(
-                "origin {} forgot the upload of {} before completing it: it starts over",
-                route.url, begun.path
-            ),
-        )),
-        Err(error) => {
-            upload.begun = Some(begun);
-            Err(error)
-        }
-    }
+    super::parts::upload_in_parts(uploader, route, upload, path).await
 }
 
 /// Upload a version in parts to an origin without part-wise uploads (a local folder): each
@@ -541,7 +465,7 @@ async fn upload_whole(
 }
 
 /// Bytes `start..end` of the version being uploaded, or `None` when it is no longer stored.
-async fn read_part(
+pub(crate) async fn read_part(
     uploader: &Uploader,
     upload: &Upload,
     start: u64,

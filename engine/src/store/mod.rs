@@ -202,6 +202,9 @@ pub struct ShardStats {
     pub admission: crate::tier::admission::AdmissionStats,
     /// Loader-order plans this shard follows (filled in by the engine).
     pub plans: crate::cache::PlanStats,
+    /// How long the oldest version waiting for the origin has waited, in milliseconds (0: none
+    /// waits; filled in by the engine).
+    pub dirty_oldest_ms: u64,
 }
 
 /// The operations in progress on one key. Versions are ordered by seq, but operations finish
@@ -536,6 +539,7 @@ impl Store {
             dram: Default::default(),
             admission: Default::default(),
             plans: Default::default(),
+            dirty_oldest_ms: 0,
         }
     }
 }
