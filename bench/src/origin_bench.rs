@@ -47,6 +47,10 @@ pub struct OriginArgs {
     /// Where the data file goes (it is formatted).
     #[arg(long, default_value = "target/bench-scratch")]
     dir: PathBuf,
+    /// Cap the proxy's bandwidth (both paths cross it) at this many bytes per second (`40MiB`):
+    /// the checkpoint then also reports hydrant's upload rate against the cap. Default: none.
+    #[arg(long)]
+    bandwidth: Option<String>,
 }
 
 pub(crate) fn s3_store(endpoint: &str, bucket: &str) -> Result<AmazonS3, String> {
@@ -234,6 +238,19 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
     let bucket = format!("bench-{}", std::process::id());
     create_bucket(&args.s3, &bucket)?;
     let (proxy, endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
+    let cap = match &args.bandwidth {
+        Some(text) => {
+            let update =
+                hydrant_fault_proxy::ConfigUpdate::from_query(&format!("bandwidth={text}"))
+                    .map_err(|error| error.to_string())?;
+            let cap = update.bandwidth_bytes_per_second;
+            proxy
+                .set_config(update)
+                .map_err(|error| error.to_string())?;
+            cap
+        }
+        None => None,
+    };
     let data_bytes = (args.checkpoint_mib + args.dataset_mib) * 3 / 2 * (1 << 20) + (1 << 30);
     let server = server_over_origin(
         &args.dir.join("origin-bench.hyd"),
@@ -312,6 +329,20 @@ pub fn origin(args: OriginArgs) -> Result<(), String> {
             time.as_secs_f64(),
             mib(total) / time.as_secs_f64(),
             direct_time.as_secs_f64() / time.as_secs_f64()
+        );
+    }
+
+    if let Some(cap) = cap {
+        // The upload runs from the first acknowledgement to FLUSH's return; counted from the
+        // first write, which understates it.
+        let rate = total as f64 / hydrant_flushed.as_secs_f64();
+        let direct_rate = total as f64 / direct_time.as_secs_f64();
+        println!(
+            "upload rate against the cap of {:.1} MiB/s: hydrant {:.2} ({:.1} MiB/s), origin directly {:.2}",
+            mib(cap),
+            rate / cap as f64,
+            mib(rate as u64),
+            direct_rate / cap as f64
         );
     }
 

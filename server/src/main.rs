@@ -113,6 +113,11 @@ struct Arguments {
     /// never the whole object. Default 10m.
     #[arg(long, env = "HYDRANT_UPLOAD_TIMEOUT")]
     upload_timeout: Option<String>,
+    /// Bytes of write-back parts in flight to object stores for the whole node (read from NVMe,
+    /// held in memory, on their way), e.g. 1GiB; at least one part (16 MiB). Up to 8 parts of
+    /// one object and 4 objects per shard go at once within it. Default 256MiB.
+    #[arg(long, env = "HYDRANT_UPLOAD_BYTES_IN_FLIGHT")]
+    upload_bytes_in_flight: Option<String>,
     /// Serve clients on this host over this Unix domain socket too: reads land in a shared
     /// memory region instead of crossing a socket (docs/protocol.md, "Same-host path").
     #[arg(long, env = "HYDRANT_LOCAL_SOCKET")]
@@ -196,6 +201,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         dirty_bytes_max,
         origin_timeout,
         upload_timeout,
+        upload_bytes_in_flight,
         dram_bytes,
         io_bytes_in_flight,
         admission_bytes_per_second,
@@ -265,6 +271,10 @@ fn origins(
     }
     if let Some(text) = &arguments.upload_timeout {
         config.upload_timeout = timeout("upload-timeout", text)?;
+    }
+    if let Some(text) = &arguments.upload_bytes_in_flight {
+        config.part_bytes_in_flight_max =
+            size_bytes(text).map_err(|error| format!("--upload-bytes-in-flight: {error}"))?;
     }
     if let Some(write) = &arguments.write {
         config.default_write = origin::parse_write_mode(write).map_err(fail)?;
