@@ -1,7 +1,8 @@
-//! Multipart write-back against an S3 origin (moto's) that is slow or loses answers, through
-//! hydrant's fault proxy, which counts the requests: every part goes up once, a completion that
-//! takes longer than a read may is waited for, and one whose answer was lost is recognised at
-//! the origin rather than uploaded again.
+//! Multipart write-back against an S3 origin (moto's) that is slow, throttles, loses answers, or
+//! whose uploader is killed midway, through hydrant's fault proxy, which counts the requests:
+//! every part goes up once, a completion that takes longer than a read may is waited for, one
+//! whose answer was lost is recognised at the origin rather than uploaded again, SlowDown pauses
+//! rather than fails, and an upload cut by SIGKILL goes on from its parts after the restart.
 
 mod common;
 
@@ -24,13 +25,24 @@ fn proxy(s3: &S3Server, settings: &str) -> ProxyHandle {
 }
 
 /// hydrant-server with one shard, bucket `data` written back to `s3://bucket`, reached through
-/// `proxy`.
+/// `proxy`, on a data file of 512 MiB.
 fn server(
     scratch: &Scratch,
     s3: &S3Server,
     proxy: &ProxyHandle,
     bucket: &str,
     extra: &[&str],
+) -> ServerProcess {
+    server_sized(scratch, s3, proxy, bucket, extra, 512)
+}
+
+fn server_sized(
+    scratch: &Scratch,
+    s3: &S3Server,
+    proxy: &ProxyHandle,
+    bucket: &str,
+    extra: &[&str],
+    data_mib: u64,
 ) -> ServerProcess {
     let mut env = s3.env();
     for (name, value) in &mut env {
@@ -41,7 +53,7 @@ fn server(
     let origin = format!("data=s3://{bucket},write=back");
     let mut args = vec!["--origin", "none", "--bucket", &origin];
     args.extend_from_slice(extra);
-    ServerProcess::start_shards(scratch.path(), 1, 512, &args, &env)
+    ServerProcess::start_shards(scratch.path(), 1, data_mib, &args, &env)
 }
 
 /// Write `data` as `data/big`, FLUSH it, and check the origin holds it byte-exact.
@@ -155,4 +167,47 @@ fn slow_down_answers_pause_the_upload_without_failing_it_or_sending_a_part_twice
         "the attempt waited out the SlowDowns instead of failing"
     );
     s3.create_bucket("slow-down");
+}
+
+#[test]
+fn an_upload_cut_by_sigkill_goes_on_from_its_parts_after_the_restart() {
+    const PARTS: usize = 64;
+    const IN_FLIGHT: usize = 2;
+    let s3 = S3Server::start();
+    s3.create_bucket("resume");
+    // Slow enough that the kill comes midway; two parts in flight at a time.
+    let proxy = proxy(&s3, "bandwidth=48MiB");
+    let scratch = Scratch::new("upload-resume");
+    let budget = format!("{}MiB", (IN_FLIGHT * PART_BYTES) >> 20);
+    let extra = ["--upload-bytes-in-flight", budget.as_str()];
+    let data = object_bytes(10, PARTS * PART_BYTES);
+    let mut server = server_sized(&scratch, &s3, &proxy, "resume", &extra, 2048);
+    assert!(server.client().put("data", "big", &data).unwrap().dirty);
+    common::eventually("40 parts at the origin", || {
+        proxy.stats().method(Method::Put).forwarded >= 40
+    });
+    server.kill();
+    let before = proxy.stats().method(Method::Put).requests;
+    proxy
+        .set_config(ConfigUpdate::from_query("bandwidth=0").unwrap())
+        .unwrap();
+    let server = server_sized(&scratch, &s3, &proxy, "resume", &extra, 2048);
+    server
+        .client()
+        .flush(Some("data"), "", Duration::from_secs(300))
+        .unwrap();
+    assert_eq!(s3.crc("resume", "big"), crc32c::crc32c(&data));
+    let stats = proxy.stats();
+    let total = stats.method(Method::Put).requests as usize;
+    assert!(
+        total <= PARTS + IN_FLIGHT,
+        "{before} parts sent before the kill, {total} in all: only those in flight at the kill may go twice ({})",
+        stats.to_json()
+    );
+    assert_eq!(
+        stats.method(Method::Post).requests,
+        2,
+        "one start, one completion"
+    );
+    s3.create_bucket("resume");
 }

@@ -7,6 +7,7 @@
 //! What a shard does with the answers (read-through, write-back) lives in [`read`] and
 //! [`writeback`], driven by the shard's tier stack (`cache/`).
 
+pub(crate) mod journal;
 pub(crate) mod parts;
 pub(crate) mod read;
 pub(crate) mod remote;

@@ -13,9 +13,11 @@ use object_store::multipart::PartId;
 use object_store::path::Path;
 use object_store::MultipartId;
 
+use super::journal::{self, Record};
 use super::remote::{self, Completion, PartAnswer};
 use super::writeback::{read_part, Upload, Uploader};
 use super::{OriginConfig, Origins, Route};
+use crate::store::ObjectKey;
 use crate::{Error, ErrorKind, Result};
 
 /// The most parts S3 allows in one upload.
@@ -91,6 +93,115 @@ impl Begun {
     pub fn abort(self, origins: &Origins) {
         drop(origins.run(remote::abort_upload(self.route, self.path, self.id)));
     }
+
+    /// Its record on NVMe, for `upload`'s version.
+    fn record(&self, upload: &Upload) -> Record {
+        Record {
+            seq: upload.seq,
+            bytes: upload.bytes,
+            part_bytes: self.part_bytes,
+            origin: self.route.url.clone(),
+            path: self.path.to_string(),
+            id: self.id.clone(),
+            parts: self.parts.clone(),
+        }
+    }
+}
+
+/// The upload of `upload`'s version to `path` that a record on NVMe says is open at the origin
+/// (left by a run that stopped before completing it), to go on with. A record of another
+/// version or place is forgotten, and its upload aborted where it was bound for this origin.
+async fn recorded(
+    uploader: &Uploader,
+    route: &Arc<Route>,
+    upload: &Upload,
+    path: &Path,
+) -> Option<Begun> {
+    let record = journal::load(&uploader.store, &upload.key).await?;
+    let parts_fit = record.part_bytes >= 5 << 20
+        && upload.bytes.div_ceil(record.part_bytes) == record.parts.len() as u64;
+    if record.seq == upload.seq
+        && record.bytes == upload.bytes
+        && record.origin == route.url
+        && record.path == path.as_ref()
+        && parts_fit
+    {
+        log::info!(
+            "resuming the upload of {}/{} to {}: {} of {} parts are there",
+            upload.key.bucket(),
+            upload.key.key(),
+            route.url,
+            record.parts.iter().flatten().count(),
+            record.parts.len()
+        );
+        return Some(Begun {
+            route: route.clone(),
+            path: path.clone(),
+            id: record.id,
+            part_bytes: record.part_bytes,
+            parts: record.parts,
+        });
+    }
+    if record.origin == route.url {
+        let origins = &uploader.origin.origins;
+        drop(origins.run(remote::abort_upload(
+            route.clone(),
+            record.path(),
+            record.id,
+        )));
+    }
+    journal::forget(&uploader.store, &upload.key).await;
+    None
+}
+
+/// At the uploader's start: forget the records of uploads whose version is no longer the dirty
+/// one stored (replaced, deleted or uploaded before the record could be deleted), aborting
+/// their uploads at the origin. Runs before the first upload starts.
+pub(crate) async fn sweep_records(uploader: &Uploader) {
+    let Ok(prefix) = ObjectKey::staged_prefix(journal::PREFIX) else {
+        return;
+    };
+    let mut after = None;
+    loop {
+        let page = uploader.store.list(&prefix, after.as_ref(), 1000);
+        let Some(last) = page.last() else {
+            return;
+        };
+        after = ObjectKey::staged(&last.key).ok();
+        for meta in &page {
+            let Ok(record_key) = ObjectKey::staged(&meta.key) else {
+                continue;
+            };
+            let Some(object) = journal::object_of(&record_key) else {
+                continue;
+            };
+            let record = journal::load(&uploader.store, &object).await;
+            let current = uploader.store.head(&object);
+            let kept = match (&record, &current) {
+                (Some(record), Some(current)) => current.dirty && current.seq == record.seq,
+                _ => false,
+            };
+            if kept {
+                continue;
+            }
+            if let Some(record) = record {
+                let route = uploader.origin.origins.route(object.bucket());
+                if let Ok(Some(route)) = route {
+                    if route.url == record.origin && route.parts.is_some() {
+                        drop(uploader.origin.origins.run(remote::abort_upload(
+                            route,
+                            record.path(),
+                            record.id,
+                        )));
+                    }
+                }
+            }
+            journal::forget(&uploader.store, &object).await;
+        }
+        if after.is_none() {
+            return;
+        }
+    }
 }
 
 /// Counts a part in flight in the node's gauges for as long as it lives.
@@ -160,26 +271,34 @@ pub(crate) async fn upload_in_parts(
 ) -> Result<Option<Option<String>>> {
     let origins: Arc<Origins> = uploader.origin.origins.clone();
     let config = origins.config().clone();
+    let store = &uploader.store;
     let mut begun = match upload.begun.take() {
         Some(begun) if Arc::ptr_eq(&begun.route, route) && begun.path == path => begun,
         other => {
             if let Some(stale) = other {
                 stale.abort(&origins);
             }
-            let id = origins
-                .run(remote::create_upload(
-                    origins.clone(),
-                    route.clone(),
-                    path.clone(),
-                ))
-                .await?;
-            let part_bytes = part_bytes_for(&config, upload.bytes);
-            Begun {
-                route: route.clone(),
-                path,
-                id,
-                part_bytes,
-                parts: vec![None; upload.bytes.div_ceil(part_bytes) as usize],
+            match recorded(uploader, route, upload, &path).await {
+                Some(begun) => begun,
+                None => {
+                    let id = origins
+                        .run(remote::create_upload(
+                            origins.clone(),
+                            route.clone(),
+                            path.clone(),
+                        ))
+                        .await?;
+                    let part_bytes = part_bytes_for(&config, upload.bytes);
+                    let begun = Begun {
+                        route: route.clone(),
+                        path,
+                        id,
+                        part_bytes,
+                        parts: vec![None; upload.bytes.div_ceil(part_bytes) as usize],
+                    };
+                    journal::save(store, &upload.key, &begun.record(upload)).await;
+                    begun
+                }
             }
         }
     };
@@ -216,6 +335,7 @@ pub(crate) async fn upload_in_parts(
                 route.throttle.accepted();
                 slow_downs_in_a_row = 0;
                 begun.parts[index] = Some(part);
+                journal::save(store, &upload_ref.key, &begun.record(upload_ref)).await;
             }
             PartEnd::SlowDown(index) => {
                 route.throttle.slowed();
@@ -247,16 +367,18 @@ pub(crate) async fn upload_in_parts(
         None => {}
         Some(Stop::Moot) => {
             begun.abort(&origins);
+            journal::forget(store, &upload.key).await;
             return Ok(None);
         }
         Some(Stop::Gone) => {
+            journal::forget(store, &upload.key).await;
             return Err(Error::new(
                 ErrorKind::OriginUnavailable,
                 format!(
                     "origin {} forgot the upload of {}: it starts over",
                     route.url, begun.path
                 ),
-            ))
+            ));
         }
         Some(Stop::Failed(error)) => {
             upload.begun = Some(begun);
@@ -274,6 +396,9 @@ pub(crate) async fn upload_in_parts(
             upload.bytes,
         ))
         .await;
+    if completion.is_ok() {
+        journal::forget(store, &upload.key).await;
+    }
     match completion {
         Ok(Completion::Done(etag)) => Ok(Some(etag)),
         Ok(Completion::Gone) => Err(Error::new(

@@ -210,6 +210,7 @@ pub(crate) struct Uploader {
 /// The shard's uploader: takes queued versions and uploads up to `uploads_per_shard_max` at
 /// once. Runs for the life of the shard.
 pub(crate) async fn upload_loop(uploader: Rc<Uploader>) {
+    super::parts::sweep_records(&uploader).await;
     let origin = &uploader.origin;
     let slots = Rc::new(Semaphore::new(
         origin.origins.config().uploads_per_shard_max,
@@ -246,6 +247,7 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
         // Deleted, or superseded by a newer version with an upload of its own.
         if let Some(begun) = upload.begun.take() {
             begun.abort(&origin.origins);
+            forget_record(uploader, &upload);
         }
         Ok(None)
     } else {
@@ -335,6 +337,7 @@ fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
     let origin = &uploader.origin;
     if let Some(begun) = upload.begun.take() {
         begun.abort(&origin.origins);
+        forget_record(uploader, &upload);
     }
     let current = uploader
         .store
@@ -369,6 +372,13 @@ fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
     }
     origin.origins.add_failed(upload.bytes);
     finish(uploader, &upload);
+}
+
+/// Delete the upload record of `upload`'s version in the background.
+fn forget_record(uploader: &Uploader, upload: &Upload) {
+    let store = uploader.store.clone();
+    let (key, seq) = (upload.key.clone(), upload.seq);
+    crate::rt::spawn(async move { super::journal::forget_version(&store, &key, seq).await });
 }
 
 /// The upload is done (or moot): its pending entry and budget bytes go.
