@@ -75,7 +75,8 @@ impl Record {
         let origin = field("origin")?;
         let path = field("path")?;
         let id = field("id")?;
-        if part_bytes == 0 || id.is_empty() {
+        // S3's smallest part; the part count follows from `bytes` and `part_bytes`.
+        if part_bytes < 5 << 20 || id.is_empty() {
             return None;
         }
         let count = usize::try_from(bytes.div_ceil(part_bytes)).ok()?;

@@ -118,13 +118,10 @@ async fn recorded(
     path: &Path,
 ) -> Option<Begun> {
     let record = journal::load(&uploader.store, &upload.key).await?;
-    let parts_fit = record.part_bytes >= 5 << 20
-        && upload.bytes.div_ceil(record.part_bytes) == record.parts.len() as u64;
     if record.seq == upload.seq
         && record.bytes == upload.bytes
         && record.origin == route.url
         && record.path == path.as_ref()
-        && parts_fit
     {
         log::info!(
             "resuming the upload of {}/{} to {}: {} of {} parts are there",
