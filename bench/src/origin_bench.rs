@@ -202,6 +202,7 @@ pub(crate) fn server_over_origin(
             url: format!("s3://{bucket}"),
             write: WriteMode::Back,
             revalidate: Revalidate::Immutable,
+            settings: Default::default(),
         },
     );
     engine.origins = Some(origins);

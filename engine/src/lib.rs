@@ -32,5 +32,7 @@ pub use engine::{
     REGION_BYTES_DEFAULT,
 };
 pub use key::STAGED_BUCKET;
-pub use origin::{BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, WriteMode};
+pub use origin::{
+    BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, StoreSettings, WriteMode,
+};
 pub use store::{ByteRange, ObjectKey, ObjectMeta, ObjectRead, ShardStats};

@@ -77,7 +77,8 @@ struct Arguments {
     #[arg(long, env = "HYDRANT_ORIGIN")]
     origin: Option<String>,
     /// A bucket with an origin of its own:
-    /// NAME=URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]. Repeatable.
+    /// NAME=URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]
+    /// [,endpoint=URL][,settings=FILE]. Repeatable.
     #[arg(long = "bucket")]
     bucket: Vec<String>,
     /// Write mode of buckets on the default origin: back, through or read-only. Default back.
@@ -286,10 +287,11 @@ fn origins(
         url: String::new(),
         write: config.default_write,
         revalidate: config.default_revalidate,
+        settings: Default::default(),
     };
     for spec in &arguments.bucket {
         let (name, origin) = spec.split_once('=').ok_or_else(|| {
-            format!("--bucket {spec}: expected NAME=URL[,write=...][,revalidate=...]")
+            format!("--bucket {spec}: expected NAME=URL[,write=...][,revalidate=...][,endpoint=...][,settings=...]")
         })?;
         let origin = BucketOrigin::parse(origin, &defaults)
             .map_err(|error| format!("--bucket {spec}: {error}"))?;

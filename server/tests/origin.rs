@@ -1,172 +1,90 @@
-//! Origins through the real S3 API: the `hydrant-server` process in front of a local
-//! S3-compatible server (moto's), reached through hydrant's fault-injecting proxy, which counts
-//! every origin request and can slow, throttle, fail or cut them.
+//! Origins through their real APIs: the `hydrant-server` process in front of a local S3 server
+//! (moto's), an Azure Blob emulator (Azurite) and a GCS emulator, reached through hydrant's
+//! fault-injecting proxy, which counts every origin request and can slow, throttle, fail or cut
+//! them. Each behaviour is one test body, run once per kind of origin.
 //!
-//! The S3 server: `HYDRANT_TEST_S3_ENDPOINT` (as .ci/run starts it), or else a `moto_server`
-//! started by the test. Each test uses buckets of its own.
+//! The servers: those CI started (`HYDRANT_TEST_S3_ENDPOINT`, `HYDRANT_TEST_AZURE_ENDPOINT`), or
+//! else ones the tests start. The GCS runs are ignored unless asked for (`--run-ignored`), with
+//! `HYDRANT_TEST_GCS_ENDPOINT` naming an emulator that speaks the XML API object_store uses for
+//! GCS (fake-gcs-server does; the emulator on PyPI, gcp-storage-emulator, answers PUTs without
+//! an ETag, percent-encoded names, HEAD, listings and multipart uploads with errors, so nothing
+//! can run against it). Each test uses buckets of its own.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::{Kind, Store};
 use hydrant_client::{Client, ClientConfig, ClientError};
-use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle};
+use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle, Stats};
 use hydrant_proto::Status;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
-use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 
 const CHUNK_BYTES: u64 = 4 << 20;
 
-/// A local S3-compatible server: the one CI started, or one of our own.
-struct S3Server {
-    endpoint: String,
-    child: Option<Child>,
-}
-
-impl S3Server {
-    fn start() -> S3Server {
-        if let Ok(endpoint) = std::env::var("HYDRANT_TEST_S3_ENDPOINT") {
-            return S3Server {
-                endpoint: endpoint.trim_end_matches('/').to_string(),
-                child: None,
-            };
-        }
-        let port = free_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("no S3 server: set HYDRANT_TEST_S3_ENDPOINT or install moto (pip install 'moto[server]')");
-        let address = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(&address).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        S3Server {
-            endpoint: format!("http://{address}"),
-            child: Some(child),
-        }
-    }
-
-    fn address(&self) -> String {
-        self.endpoint.trim_start_matches("http://").to_string()
-    }
-
-    /// Create `bucket` (an unsigned PUT, which moto accepts).
-    fn create_bucket(&self, bucket: &str) {
-        let mut stream = TcpStream::connect(self.address()).unwrap();
-        write!(
-            stream,
-            "PUT /{bucket} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.address()
-        )
-        .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        assert!(
-            answer.starts_with("HTTP/1.1 200"),
-            "create bucket: {answer}"
-        );
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A direct S3 client (not through hydrant, not through the proxy), to put objects into the
-/// origin and check what reached it.
-struct Origin {
-    store: AmazonS3,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Origin {
-    fn new(s3: &S3Server, bucket: &str) -> Origin {
-        s3.create_bucket(bucket);
-        let store = AmazonS3Builder::new()
-            .with_endpoint(&s3.endpoint)
-            .with_allow_http(true)
-            .with_bucket_name(bucket)
-            .with_region("us-east-1")
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .build()
-            .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let origin = Origin { store, runtime };
-        origin.empty();
-        origin
-    }
-
-    /// Delete what an earlier run against the same S3 server left in the bucket.
-    fn empty(&self) {
-        self.runtime.block_on(async {
-            use futures::StreamExt;
-            let mut listing = object_store::ObjectStore::list(&self.store, None);
-            let mut paths = Vec::new();
-            while let Some(meta) = listing.next().await {
-                paths.push(meta.unwrap().location);
+/// One test per kind of origin for a behaviour written once as `fn behaviour(kind: Kind)`.
+macro_rules! per_origin_kind {
+    ($behaviour:ident) => {
+        mod $behaviour {
+            #[test]
+            fn s3() {
+                super::$behaviour(super::Kind::S3)
             }
-            for path in paths {
-                self.store.delete(&path).await.unwrap();
+            #[test]
+            #[ignore = "needs a GCS emulator that speaks the XML API: set HYDRANT_TEST_GCS_ENDPOINT"]
+            fn gcs() {
+                super::$behaviour(super::Kind::Gcs)
             }
-        });
+            #[test]
+            fn azure() {
+                super::$behaviour(super::Kind::Azure)
+            }
+        }
+    };
+}
+
+/// A bucket of the origin's server, reached directly (not through hydrant, not through the
+/// proxy), to put objects in and check what reached it.
+struct Origin<'a> {
+    store: &'a Store,
+    bucket: String,
+}
+
+impl Origin<'_> {
+    fn new<'a>(store: &'a Store, bucket: &str) -> Origin<'a> {
+        store.create_bucket(bucket);
+        Origin {
+            store,
+            bucket: bucket.to_string(),
+        }
     }
 
     fn put(&self, key: &str, data: &[u8]) {
-        let bytes = Bytes::copy_from_slice(data);
-        self.runtime
-            .block_on(self.store.put(&Path::from(key), PutPayload::from(bytes)))
-            .unwrap();
-    }
-
-    fn put_large(&self, key: &str, data: &[u8]) {
-        self.runtime.block_on(async {
-            let upload = self.store.put_multipart(&Path::from(key)).await.unwrap();
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, 16 << 20);
-            writer.write(data);
-            writer.finish().await.unwrap();
-        });
+        self.store.put(&self.bucket, key, data);
     }
 
     fn get(&self, key: &str) -> Option<Vec<u8>> {
-        self.runtime.block_on(async {
-            match self.store.get(&Path::from(key)).await {
-                Ok(result) => Some(result.bytes().await.unwrap().to_vec()),
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(error) => panic!("origin get {key}: {error}"),
-            }
-        })
+        self.store.get(&self.bucket, key)
     }
 }
 
-/// The proxy in front of the S3 server, without delay unless a test asks for one.
-fn proxy(s3: &S3Server) -> ProxyHandle {
+/// Whether the requests between two snapshots of the proxy's counters include a multipart
+/// upload: S3 and GCS create and complete one with POSTs; Azure puts blocks, then the block
+/// list, all with PUTs.
+fn uploaded_in_parts(kind: Kind, before: &Stats, after: &Stats) -> bool {
+    let more = |method| after.method(method).requests - before.method(method).requests;
+    match kind {
+        Kind::S3 | Kind::Gcs => more(Method::Post) >= 2,
+        Kind::Azure => more(Method::Put) >= 3,
+    }
+}
+
+/// The proxy in front of the origin's server, without delay unless a test asks for one.
+fn proxy(s3: &Store) -> ProxyHandle {
     let mut config = hydrant_fault_proxy::Config::new(s3.address());
     config.settings.delay = DelayRange::NONE;
     hydrant_fault_proxy::start(config).unwrap()
@@ -186,29 +104,45 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// hydrant-server on `directory` with its origin reached through `proxy`.
-    fn start(directory: &PathBuf, proxy: &ProxyHandle, extra: &[&str]) -> ServerProcess {
-        ServerProcess::start_with_shards(directory, proxy, extra, 2)
+    /// hydrant-server on `directory` with its origin, `store`, reached through `proxy`.
+    fn start(
+        directory: &Path,
+        store: &Store,
+        proxy: &ProxyHandle,
+        extra: &[&str],
+    ) -> ServerProcess {
+        ServerProcess::start_with_shards(directory, store, proxy, extra, 2)
     }
 
     fn start_with_shards(
-        directory: &PathBuf,
+        directory: &Path,
+        store: &Store,
         proxy: &ProxyHandle,
         extra: &[&str],
         shards: usize,
     ) -> ServerProcess {
-        ServerProcess::start_sized(directory, proxy, extra, shards, 768)
+        ServerProcess::start_sized(directory, store, proxy, extra, shards, 768)
     }
 
     fn start_sized(
-        directory: &PathBuf,
+        directory: &Path,
+        store: &Store,
         proxy: &ProxyHandle,
         extra: &[&str],
         shards: usize,
         data_mib: u64,
     ) -> ServerProcess {
+        let mut command = ServerProcess::command(directory, extra, shards, data_mib);
+        command.envs(store.env_via(&proxy.addr().to_string()));
+        ServerProcess::spawn(command, directory)
+    }
+
+    /// The command line of a hydrant-server on `directory`, with no origin but those `extra`
+    /// configures.
+    fn command(directory: &Path, extra: &[&str], shards: usize, data_mib: u64) -> Command {
         std::fs::create_dir_all(directory).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant-server"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hydrant-server"));
+        command
             .args(["--listen", "127.0.0.1:0", "--shards", &shards.to_string()])
             .arg("--data")
             .arg(format!(
@@ -216,12 +150,12 @@ impl ServerProcess {
                 directory.join("data.hyd").display()
             ))
             .args(["--origin", "none"])
-            .args(extra)
-            .env("AWS_ENDPOINT", format!("http://{}", proxy.addr()))
-            .env("AWS_ALLOW_HTTP", "true")
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
+            .args(extra);
+        command
+    }
+
+    fn spawn(mut command: Command, directory: &Path) -> ServerProcess {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -238,7 +172,7 @@ impl ServerProcess {
         ServerProcess {
             child,
             address,
-            directory: directory.clone(),
+            directory: directory.to_path_buf(),
             keep_directory: false,
         }
     }
@@ -309,9 +243,8 @@ fn status_of(error: &ClientError) -> Option<u8> {
     }
 }
 
-#[test]
-fn read_through_serves_origin_objects_once_and_coalesces_cold_readers() {
-    let s3 = S3Server::start();
+fn read_through_serves_origin_objects_once_and_coalesces_cold_readers(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "read-through");
     let proxy = proxy(&s3);
     let small: Vec<Vec<u8>> = (0..3).map(|index| object_bytes(index, 100_000)).collect();
@@ -322,8 +255,9 @@ fn read_through_serves_origin_objects_once_and_coalesces_cold_readers() {
     origin.put("cold/one", &cold);
     let server = ServerProcess::start(
         &scratch("read-through"),
+        &s3,
         &proxy,
-        &["--bucket", "data=s3://read-through"],
+        &["--bucket", &format!("data={}", s3.url("read-through"))],
     );
     let mut client = server.client();
     for round in 0..2 {
@@ -336,7 +270,7 @@ fn read_through_serves_origin_objects_once_and_coalesces_cold_readers() {
         assert_eq!(
             proxy
                 .stats()
-                .gets_of(&format!("/read-through/small/{index}")),
+                .gets_of(&s3.request_path(&format!("/read-through/small/{index}"))),
             1,
             "the second read of small/{index} is a hit"
         );
@@ -380,23 +314,30 @@ fn read_through_serves_origin_objects_once_and_coalesces_cold_readers() {
         reader.join().unwrap();
     }
     assert_eq!(
-        proxy.stats().gets_of("/read-through/cold/one"),
+        proxy
+            .stats()
+            .gets_of(&s3.request_path("/read-through/cold/one")),
         1,
         "100 concurrent readers of a cold object make one origin GET"
     );
 }
 
-#[test]
-fn range_reads_of_a_large_object_cache_only_the_chunks_touched() {
-    let s3 = S3Server::start();
+per_origin_kind!(read_through_serves_origin_objects_once_and_coalesces_cold_readers);
+
+fn range_reads_of_a_large_object_cache_only_the_chunks_touched(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "ranges");
     let proxy = proxy(&s3);
     let large = object_bytes(7, 256 << 20);
-    origin.put_large("big", &large);
+    origin.put("big", &large);
     let server = ServerProcess::start(
         &scratch("ranges"),
+        &s3,
         &proxy,
-        &["--bucket", "data=s3://ranges,revalidate=immutable"],
+        &[
+            "--bucket",
+            &format!("data={}", s3.url("ranges,revalidate=immutable")),
+        ],
     );
     let mut client = server.client();
     let stored_before = server.metric("hydrant_object_bytes");
@@ -413,7 +354,7 @@ fn range_reads_of_a_large_object_cache_only_the_chunks_touched() {
     // Let admission and the read-ahead after 41 (a range read across a chunk boundary is two
     // sequential chunk reads) finish.
     std::thread::sleep(Duration::from_millis(500));
-    let gets_after_first = proxy.stats().gets_of("/ranges/big");
+    let gets_after_first = proxy.stats().gets_of(&s3.request_path("/ranges/big"));
     // The first chunk (which told the size), chunk 10, chunks 40 and 41, and perhaps the 8
     // chunks read ahead after 41: never the whole object (64 chunks).
     assert!(
@@ -430,27 +371,32 @@ fn range_reads_of_a_large_object_cache_only_the_chunks_touched() {
         assert_eq!(read, &large[start as usize..end as usize]);
     }
     assert_eq!(
-        proxy.stats().gets_of("/ranges/big"),
+        proxy.stats().gets_of(&s3.request_path("/ranges/big")),
         gets_after_first,
         "the second read of the same ranges is served from NVMe"
     );
 }
 
-#[test]
-fn revalidation_follows_each_buckets_rule() {
-    let s3 = S3Server::start();
+per_origin_kind!(range_reads_of_a_large_object_cache_only_the_chunks_touched);
+
+fn revalidation_follows_each_buckets_rule(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "revalidate");
     let proxy = proxy(&s3);
     origin.put("ttl/object", b"first version");
     origin.put("immutable/object", b"first version");
     let server = ServerProcess::start(
         &scratch("revalidate"),
+        &s3,
         &proxy,
         &[
             "--bucket",
-            "fresh=s3://revalidate/ttl,revalidate=ttl=2s",
+            &format!("fresh={}", s3.url("revalidate/ttl,revalidate=ttl=2s")),
             "--bucket",
-            "fixed=s3://revalidate/immutable,revalidate=immutable",
+            &format!(
+                "fixed={}",
+                s3.url("revalidate/immutable,revalidate=immutable")
+            ),
         ],
     );
     let mut client = server.client();
@@ -463,7 +409,9 @@ fn revalidation_follows_each_buckets_rule() {
     let started = Instant::now();
     origin.put("ttl/object", b"second version");
     origin.put("immutable/object", b"second version");
-    let immutable_gets = proxy.stats().gets_of("/revalidate/immutable/object");
+    let immutable_gets = proxy
+        .stats()
+        .gets_of(&s3.request_path("/revalidate/immutable/object"));
     // Before the TTL: the cached copy.
     assert_eq!(
         client.get("fresh", "object", None).unwrap().1,
@@ -487,36 +435,47 @@ fn revalidation_follows_each_buckets_rule() {
         b"first version"
     );
     assert_eq!(
-        proxy.stats().gets_of("/revalidate/immutable/object"),
+        proxy
+            .stats()
+            .gets_of(&s3.request_path("/revalidate/immutable/object")),
         immutable_gets,
         "an immutable bucket never asks the origin again"
     );
     // After another TTL with no change, the conditional GET keeps the copy (304).
     std::thread::sleep(Duration::from_millis(2_200));
-    let before = proxy.stats().gets_of("/revalidate/ttl/object");
+    let before = proxy
+        .stats()
+        .gets_of(&s3.request_path("/revalidate/ttl/object"));
     assert_eq!(
         client.get("fresh", "object", None).unwrap().1,
         b"second version"
     );
-    assert_eq!(proxy.stats().gets_of("/revalidate/ttl/object"), before + 1);
+    assert_eq!(
+        proxy
+            .stats()
+            .gets_of(&s3.request_path("/revalidate/ttl/object")),
+        before + 1
+    );
 }
 
-#[test]
-fn write_back_write_through_multipart_and_read_only() {
-    let s3 = S3Server::start();
+per_origin_kind!(revalidation_follows_each_buckets_rule);
+
+fn write_back_write_through_multipart_and_read_only(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "writes");
     let proxy = proxy(&s3);
     // One shard, so that a 100 MiB object fits beside the others in 768 MiB.
     let server = ServerProcess::start_with_shards(
         &scratch("writes"),
+        &s3,
         &proxy,
         &[
             "--bucket",
-            "back=s3://writes/back,write=back",
+            &format!("back={}", s3.url("writes/back,write=back")),
             "--bucket",
-            "through=s3://writes/through,write=through",
+            &format!("through={}", s3.url("writes/through,write=through")),
             "--bucket",
-            "frozen=s3://writes/frozen,write=read-only",
+            &format!("frozen={}", s3.url("writes/frozen,write=read-only")),
         ],
         1,
     );
@@ -548,13 +507,14 @@ fn write_back_write_through_multipart_and_read_only() {
     }
     assert!(!client.head("back", "step-1/0").unwrap().dirty);
     // A 100 MiB object goes up in parts.
-    let posts_before = proxy.stats().method(Method::Post).requests;
+    let before = proxy.stats();
     let big = object_bytes(5, 100 << 20);
     client.put("back", "checkpoint.bin", &big).unwrap();
     client.flush(None, "", Duration::from_secs(120)).unwrap();
     assert!(
-        proxy.stats().method(Method::Post).requests >= posts_before + 2,
-        "a multipart upload starts and completes with POSTs"
+        uploaded_in_parts(kind, &before, &proxy.stats()),
+        "a 100 MiB object goes up in parts: {}",
+        proxy.stats().to_json()
     );
     assert!(origin.get("back/checkpoint.bin").unwrap() == big);
     // Keys an object store cannot name apart are refused before anything is stored.
@@ -575,16 +535,18 @@ fn write_back_write_through_multipart_and_read_only() {
     assert!(origin.get("through/a").is_none());
 }
 
-#[test]
-fn a_crash_during_uploads_loses_nothing_acknowledged() {
-    let s3 = S3Server::start();
+per_origin_kind!(write_back_write_through_multipart_and_read_only);
+
+fn a_crash_during_uploads_loses_nothing_acknowledged(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "crash");
     let proxy = proxy(&s3);
     // A slow origin, so that uploads are in flight when the server dies.
     set_proxy(&proxy, "delay_ms=200-400&bandwidth=1MiB");
     let directory = scratch("crash");
-    let arguments = ["--bucket", "ckpt=s3://crash,write=back"];
-    let server = ServerProcess::start(&directory, &proxy, &arguments);
+    let bucket = format!("ckpt={}", s3.url("crash,write=back"));
+    let arguments = ["--bucket", bucket.as_str()];
+    let server = ServerProcess::start(&directory, &s3, &proxy, &arguments);
     let mut client = server.client();
     let objects: Vec<Vec<u8>> = (0..24)
         .map(|index| object_bytes(1000 + index, 500_000 + index as usize * 1000))
@@ -602,7 +564,7 @@ fn a_crash_during_uploads_loses_nothing_acknowledged() {
         "the crash came after every upload; slow the origin more"
     );
     set_proxy(&proxy, "delay_ms=0-0&bandwidth=0");
-    let restarted = ServerProcess::start(&directory, &proxy, &arguments);
+    let restarted = ServerProcess::start(&directory, &s3, &proxy, &arguments);
     restarted
         .client()
         .flush(None, "", Duration::from_secs(120))
@@ -616,9 +578,10 @@ fn a_crash_during_uploads_loses_nothing_acknowledged() {
     }
 }
 
-#[test]
-fn origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors() {
-    let s3 = S3Server::start();
+per_origin_kind!(a_crash_during_uploads_loses_nothing_acknowledged);
+
+fn origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "faults");
     let proxy = proxy(&s3);
     let readable: Vec<Vec<u8>> = (0..40)
@@ -629,8 +592,9 @@ fn origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors() {
     }
     let server = ServerProcess::start(
         &scratch("faults"),
+        &s3,
         &proxy,
-        &["--bucket", "data=s3://faults,write=back"],
+        &["--bucket", &format!("data={}", s3.url("faults,write=back"))],
     );
     let mut client = server.client();
     set_proxy(&proxy, "fault_rate=0.2&faults=503,reset");
@@ -670,17 +634,19 @@ fn origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors() {
     }
 }
 
-#[test]
-fn with_the_origin_down_hits_are_served_misses_fail_clearly_and_writes_wait() {
-    let s3 = S3Server::start();
+per_origin_kind!(origin_faults_lose_no_write_and_reads_are_correct_or_clear_errors);
+
+fn with_the_origin_down_hits_are_served_misses_fail_clearly_and_writes_wait(kind: Kind) {
+    let s3 = Store::of(kind);
     let origin = Origin::new(&s3, "down");
     let proxy = proxy(&s3);
     origin.put("cached", b"warm bytes");
     origin.put("uncached", b"cold bytes");
     let server = ServerProcess::start(
         &scratch("down"),
+        &s3,
         &proxy,
-        &["--bucket", "data=s3://down,write=back"],
+        &["--bucket", &format!("data={}", s3.url("down,write=back"))],
     );
     let mut client = server.client();
     assert_eq!(client.get("data", "cached", None).unwrap().1, b"warm bytes");
@@ -715,9 +681,94 @@ fn with_the_origin_down_hits_are_served_misses_fail_clearly_and_writes_wait() {
     );
 }
 
+per_origin_kind!(with_the_origin_down_hits_are_served_misses_fail_clearly_and_writes_wait);
+
+/// A bucket's own `endpoint=` and `settings=FILE` reach its origin with none of the store's
+/// environment variables set, and a setting the store does not know stops the start with an
+/// error that names it.
+fn a_buckets_own_endpoint_and_settings_reach_its_origin(kind: Kind) {
+    let s3 = Store::of(kind);
+    let origin = Origin::new(&s3, "own-settings");
+    let proxy = proxy(&s3);
+    origin.put("in/a", b"from the origin");
+    let settings_directory = scratch("own-settings-file");
+    std::fs::create_dir_all(&settings_directory).unwrap();
+    let settings = settings_directory.join("origin.env");
+    std::fs::write(&settings, s3.settings_file()).unwrap();
+    let spec = format!(
+        "data={},write=through,endpoint={},settings={}",
+        s3.url("own-settings"),
+        s3.endpoint_via(&proxy.addr().to_string()),
+        settings.display()
+    );
+    let without_environment = |mut command: Command| {
+        for (name, _) in std::env::vars() {
+            if ["AWS_", "AZURE_", "AZURITE_", "GOOGLE_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            {
+                command.env_remove(name);
+            }
+        }
+        command
+    };
+    let directory = scratch("own-settings");
+    let server = ServerProcess::spawn(
+        without_environment(ServerProcess::command(
+            &directory,
+            &["--bucket", &spec],
+            1,
+            256,
+        )),
+        &directory,
+    );
+    let mut client = server.client();
+    assert_eq!(
+        client.get("data", "in/a", None).unwrap().1,
+        b"from the origin"
+    );
+    client.put("data", "out/b", b"to the origin").unwrap();
+    assert_eq!(origin.get("out/b").as_deref(), Some(&b"to the origin"[..]));
+    assert_eq!(
+        proxy
+            .stats()
+            .gets_of(&s3.request_path("/own-settings/in/a")),
+        1,
+        "the read went to the bucket's endpoint"
+    );
+
+    std::fs::write(
+        &settings,
+        format!(
+            "{}\n# a comment\nshade_of_blue = \"navy\"\n",
+            s3.settings_file()
+        ),
+    )
+    .unwrap();
+    let refused_directory = scratch("own-settings-refused");
+    let output = without_environment(ServerProcess::command(
+        &refused_directory,
+        &["--bucket", &spec],
+        1,
+        256,
+    ))
+    .output()
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&refused_directory);
+    let _ = std::fs::remove_dir_all(&settings_directory);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("unknown setting \"shade_of_blue\""),
+        "{stderr}"
+    );
+}
+
+per_origin_kind!(a_buckets_own_endpoint_and_settings_reach_its_origin);
+
 #[test]
 fn backpressure_keeps_dirty_bytes_within_the_budget() {
-    let s3 = S3Server::start();
+    let s3 = Store::start();
     let origin = Origin::new(&s3, "pressure");
     let proxy = proxy(&s3);
     // The origin takes 10 MiB/s; the writer pushes 2 GiB through a 256 MiB budget (about
@@ -728,10 +779,11 @@ fn backpressure_keeps_dirty_bytes_within_the_budget() {
     const OBJECTS: u64 = 2048;
     let server = ServerProcess::start_sized(
         &scratch("pressure"),
+        &s3,
         &proxy,
         &[
             "--bucket",
-            "data=s3://pressure,write=back",
+            &format!("data={}", s3.url("pressure,write=back")),
             "--dirty-bytes-max",
             "256MiB",
         ],
@@ -793,7 +845,7 @@ fn backpressure_keeps_dirty_bytes_within_the_budget() {
 
 #[test]
 fn prefetch_warms_a_prefix_so_that_reads_do_not_reach_the_origin() {
-    let s3 = S3Server::start();
+    let s3 = Store::start();
     let origin = Origin::new(&s3, "prefetch");
     let proxy = proxy(&s3);
     let objects: Vec<Vec<u8>> = (0..6)
@@ -805,8 +857,9 @@ fn prefetch_warms_a_prefix_so_that_reads_do_not_reach_the_origin() {
     origin.put("other/x", b"not under the prefix");
     let server = ServerProcess::start(
         &scratch("prefetch"),
+        &s3,
         &proxy,
-        &["--bucket", "data=s3://prefetch"],
+        &["--bucket", &format!("data={}", s3.url("prefetch"))],
     );
     let mut client = server.client();
     let (warmed, bytes) = client.prefetch("data", "train/").unwrap();
@@ -827,7 +880,10 @@ fn prefetch_warms_a_prefix_so_that_reads_do_not_reach_the_origin() {
         gets_after_prefetch,
         "reads after PREFETCH are served from NVMe"
     );
-    assert_eq!(proxy.stats().gets_of("/prefetch/other/x"), 0);
+    assert_eq!(
+        proxy.stats().gets_of(&s3.request_path("/prefetch/other/x")),
+        0
+    );
 }
 
 /// The order in which `keys` of a loader-order plan are read: a fixed shuffle.
@@ -849,7 +905,7 @@ fn shuffled(count: usize, seed: u64) -> Vec<String> {
 fn a_plan_reads_ahead_of_its_reader_in_its_order_within_its_window() {
     const OBJECTS: usize = 40;
     const OBJECT_BYTES: usize = 1 << 20;
-    let s3 = S3Server::start();
+    let s3 = Store::start();
     let origin = Origin::new(&s3, "plan");
     let proxy = proxy(&s3);
     for index in 0..OBJECTS {
@@ -858,10 +914,19 @@ fn a_plan_reads_ahead_of_its_reader_in_its_order_within_its_window() {
             &object_bytes(900 + index as u64, OBJECT_BYTES),
         );
     }
-    let server = ServerProcess::start(&scratch("plan"), &proxy, &["--bucket", "data=s3://plan"]);
+    let server = ServerProcess::start(
+        &scratch("plan"),
+        &s3,
+        &proxy,
+        &["--bucket", &format!("data={}", s3.url("plan"))],
+    );
     let mut client = server.client();
     let order = shuffled(OBJECTS, 7);
-    let origin_gets = |key: &str| proxy.stats().gets_of(&format!("/plan/{key}"));
+    let origin_gets = |key: &str| {
+        proxy
+            .stats()
+            .gets_of(&s3.request_path(&format!("/plan/{key}")))
+    };
     // Out of bounds: refused, nothing planned.
     let error = client
         .plan("data", 1, &order, 0, Duration::from_secs(30))

@@ -225,6 +225,7 @@ fn start_hydrant(args: &ShardsArgs, bucket: &str) -> Result<Server, String> {
             url: format!("s3://{bucket}"),
             write: WriteMode::ReadOnly,
             revalidate: Revalidate::Immutable,
+            settings: Default::default(),
         },
     );
     engine.origins = Some(origins);

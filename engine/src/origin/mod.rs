@@ -62,10 +62,32 @@ pub struct BucketOrigin {
     pub url: String,
     pub write: WriteMode,
     pub revalidate: Revalidate,
+    /// The object store client's settings for this bucket alone (endpoint, credentials,
+    /// region...), over those the environment gives.
+    pub settings: StoreSettings,
 }
 
+/// Settings of an object store client, by `object_store`'s names (`aws_access_key_id`,
+/// `azure_storage_account_key`, `google_service_account`...), plus `endpoint`. Their values
+/// may be secrets: `Debug` shows the names only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoreSettings(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+/// The largest settings file read (`settings=FILE`): a few keys, not a data file.
+pub const SETTINGS_FILE_BYTES_MAX: u64 = 64 << 10;
+
 impl BucketOrigin {
-    /// Parse `URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]`.
+    /// Parse `URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]
+    /// [,endpoint=URL][,settings=FILE]`.
     pub fn parse(spec: &str, defaults: &BucketOrigin) -> Result<BucketOrigin> {
         let mut parts = spec.split(',');
         let url = parts.next().unwrap_or_default().trim().to_string();
@@ -73,26 +95,74 @@ impl BucketOrigin {
             url,
             write: defaults.write,
             revalidate: defaults.revalidate,
+            settings: defaults.settings.clone(),
         };
         for option in parts {
             let (name, value) = option.split_once('=').ok_or_else(|| {
                 invalid(format!(
-                    "origin option {option:?} is not NAME=VALUE (write=..., revalidate=...)"
+                    "origin option {option:?} is not NAME=VALUE (write=..., revalidate=..., endpoint=..., settings=...)"
                 ))
             })?;
+            let value = value.trim();
             match name.trim() {
-                "write" => origin.write = parse_write_mode(value.trim())?,
-                "revalidate" => origin.revalidate = parse_revalidate(value.trim())?,
+                "write" => origin.write = parse_write_mode(value)?,
+                "revalidate" => origin.revalidate = parse_revalidate(value)?,
+                "endpoint" => origin.settings.0.push(("endpoint".into(), value.into())),
+                "settings" => origin.settings.0.extend(read_settings(value)?),
                 other => {
                     return Err(invalid(format!(
-                        "unknown origin option {other:?}; the options are write= and revalidate="
+                        "unknown origin option {other:?}; the options are write=, revalidate=, endpoint= and settings="
                     )))
                 }
             }
         }
         check_url(&origin.url)?;
+        if origin.url.starts_with("file://") && !origin.settings.0.is_empty() {
+            return Err(invalid(format!(
+                "origin {}: endpoint= and settings= apply to object stores, not folders",
+                origin.url
+            )));
+        }
         Ok(origin)
     }
+}
+
+/// The `NAME=VALUE` lines of a settings file (blank lines and `#` comments skipped, quotes
+/// around a value dropped), names in lower case.
+fn read_settings(path: &str) -> Result<Vec<(String, String)>> {
+    let cannot =
+        |error: std::io::Error| invalid(format!("cannot read the settings file {path}: {error}"));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut text = String::new();
+    use std::io::Read;
+    file.take(SETTINGS_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > SETTINGS_FILE_BYTES_MAX {
+        return Err(invalid(format!(
+            "the settings file {path} is over {SETTINGS_FILE_BYTES_MAX} bytes"
+        )));
+    }
+    let mut settings = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, value) = line.split_once('=').ok_or_else(|| {
+            invalid(format!(
+                "line {} of the settings file {path} is not NAME=VALUE",
+                index + 1
+            ))
+        })?;
+        let value = value.trim();
+        let unquoted = value
+            .strip_prefix('"')
+            .and_then(|inner| inner.strip_suffix('"'))
+            .unwrap_or(value);
+        settings.push((name.trim().to_ascii_lowercase(), unquoted.to_string()));
+    }
+    Ok(settings)
 }
 
 pub fn parse_write_mode(value: &str) -> Result<WriteMode> {
@@ -454,7 +524,7 @@ impl Origins {
         origins.configured = configured;
         if let Some(url) = origins.config.default_url.clone() {
             let _context = origins.runtime().enter();
-            let opened = remote::open_store(&url, &origins.config)?;
+            let opened = remote::open_store(&url, &StoreSettings::default(), &origins.config)?;
             origins.default = Some(DefaultOrigin {
                 store: opened.store,
                 parts: opened.parts,
@@ -514,7 +584,7 @@ impl Origins {
 
     fn resolve(&self, origin: &BucketOrigin) -> Result<Route> {
         let _context = self.runtime().enter();
-        let opened = remote::open_store(&origin.url, &self.config)?;
+        let opened = remote::open_store(&origin.url, &origin.settings, &self.config)?;
         Ok(Route {
             store: opened.store,
             parts: opened.parts,
@@ -742,6 +812,7 @@ mod tests {
             url: String::new(),
             write: WriteMode::Back,
             revalidate: Revalidate::Immutable,
+            settings: StoreSettings::default(),
         };
         let parsed = BucketOrigin::parse(
             "s3://data/train,write=through,revalidate=ttl=30s",
@@ -763,5 +834,101 @@ mod tests {
             let error = BucketOrigin::parse(bad, &defaults).unwrap_err();
             assert_eq!(error.kind(), ErrorKind::InvalidConfig, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_buckets_endpoint_and_settings_file_are_read_and_kept_out_of_debug() {
+        let defaults = BucketOrigin {
+            url: String::new(),
+            write: WriteMode::Back,
+            revalidate: Revalidate::Immutable,
+            settings: StoreSettings::default(),
+        };
+        let directory =
+            std::env::temp_dir().join(format!("hydrant-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let file = directory.join("azure.env");
+        std::fs::write(
+            &file,
+            "# the account\n\nAZURE_STORAGE_ACCOUNT_NAME = devstore\nazure_storage_account_key=\"c2VjcmV0\"\n",
+        )
+        .unwrap();
+        let spec = format!(
+            "az://shards/train,endpoint=http://127.0.0.1:10000/devstore,settings={}",
+            file.display()
+        );
+        let parsed = BucketOrigin::parse(&spec, &defaults).unwrap();
+        assert_eq!(parsed.url, "az://shards/train");
+        assert_eq!(
+            parsed.settings.0,
+            [
+                (
+                    "endpoint".to_string(),
+                    "http://127.0.0.1:10000/devstore".to_string()
+                ),
+                (
+                    "azure_storage_account_name".to_string(),
+                    "devstore".to_string()
+                ),
+                (
+                    "azure_storage_account_key".to_string(),
+                    "c2VjcmV0".to_string()
+                ),
+            ]
+        );
+        let shown = format!("{parsed:?}");
+        assert!(shown.contains("azure_storage_account_key"), "{shown}");
+        assert!(
+            !shown.contains("c2VjcmV0"),
+            "a secret reached Debug: {shown}"
+        );
+
+        std::fs::write(&file, "azure_storage_account_name devstore\n").unwrap();
+        let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
+        assert!(error.to_string().contains("line 1"), "{error}");
+        std::fs::write(&file, vec![b'#'; SETTINGS_FILE_BYTES_MAX as usize + 1]).unwrap();
+        let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
+        assert!(error.to_string().contains("is over"), "{error}");
+        std::fs::remove_dir_all(&directory).unwrap();
+        let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidConfig);
+        assert!(
+            error.to_string().contains("cannot read the settings file"),
+            "{error}"
+        );
+        let error = BucketOrigin::parse("file:///tmp/x,endpoint=http://a", &defaults).unwrap_err();
+        assert!(error.to_string().contains("not folders"), "{error}");
+    }
+
+    #[test]
+    fn an_endpoint_that_is_not_http_or_an_unknown_setting_is_refused_when_the_store_opens() {
+        let config = OriginConfig::new();
+        let open = |url: &str, pairs: &[(&str, &str)]| {
+            let settings = StoreSettings(
+                pairs
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), value.to_string()))
+                    .collect(),
+            );
+            remote::open_store(url, &settings, &config).map(|_| ())
+        };
+        let error = open("s3://b", &[("endpoint", "ftp://x")]).unwrap_err();
+        assert!(error.to_string().contains("not an http"), "{error}");
+        let error = open("az://c", &[("azure_colour", "blue")]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidConfig);
+        assert!(
+            error
+                .to_string()
+                .contains("unknown setting \"azure_colour\""),
+            "{error}"
+        );
+        open(
+            "s3://b",
+            &[
+                ("endpoint", "http://127.0.0.1:1"),
+                ("aws_region", "us-east-1"),
+            ],
+        )
+        .unwrap();
     }
 }

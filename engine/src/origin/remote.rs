@@ -15,7 +15,7 @@ use object_store::{
     GetOptions, GetRange, GetResultPayload, MultipartId, ObjectStore, ObjectStoreExt, PutPayload,
 };
 
-use super::{OriginConfig, OriginCounters, Route};
+use super::{OriginConfig, OriginCounters, Route, StoreSettings};
 use crate::{Error, ErrorKind, Result};
 
 /// What the origin says an object is: its size and ETag.
@@ -68,8 +68,12 @@ pub(super) struct Opened {
     pub prefix: Option<Path>,
 }
 
-/// Open the store for an origin URL.
-pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
+/// Open the store for an origin URL, with `settings` over what the environment gives.
+pub(super) fn open_store(
+    url: &str,
+    settings: &StoreSettings,
+    config: &OriginConfig,
+) -> Result<Opened> {
     let unavailable = |error: object_store::Error| {
         Error::new(
             ErrorKind::InvalidConfig,
@@ -117,16 +121,17 @@ pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                AmazonS3Builder::from_env()
+                let mut builder = AmazonS3Builder::from_env()
                     .with_url(&root)
                     .with_retry(retry(timeout))
                     .with_config(
                         AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
+                    );
+                for (name, value) in store_settings(url, settings, "endpoint")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                builder.build().map(Arc::new).map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -137,16 +142,17 @@ pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                GoogleCloudStorageBuilder::from_env()
+                let mut builder = GoogleCloudStorageBuilder::from_env()
                     .with_url(&root)
                     .with_retry(retry(timeout))
                     .with_config(
                         GoogleConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
+                    );
+                for (name, value) in store_settings(url, settings, "base_url")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                builder.build().map(Arc::new).map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -157,16 +163,17 @@ pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                MicrosoftAzureBuilder::from_env()
+                let mut builder = MicrosoftAzureBuilder::from_env()
                     .with_url(&root)
                     .with_retry(retry(timeout))
                     .with_config(
                         AzureConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
+                    );
+                for (name, value) in store_settings(url, settings, "endpoint")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                builder.build().map(Arc::new).map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -179,6 +186,48 @@ pub(super) fn open_store(url: &str, config: &OriginConfig) -> Result<Opened> {
         store,
         parts: Some(parts),
         prefix,
+    })
+}
+
+/// A bucket's settings as its store's client takes them: `endpoint` under the name the store
+/// gives it (`endpoint_name`), and an `http://` endpoint allowed to be plain HTTP, as naming
+/// one says it should be.
+fn store_settings(
+    url: &str,
+    settings: &StoreSettings,
+    endpoint_name: &str,
+) -> Result<Vec<(String, String)>> {
+    let mut pairs = Vec::with_capacity(settings.0.len() + 1);
+    for (name, value) in &settings.0 {
+        if name == "endpoint" {
+            if value.starts_with("http://") {
+                pairs.push(("allow_http".to_string(), "true".to_string()));
+            } else if !value.starts_with("https://") {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("origin {url}: endpoint {value:?} is not an http:// or https:// URL"),
+                ));
+            }
+            pairs.push((endpoint_name.to_string(), value.clone()));
+        } else {
+            pairs.push((name.clone(), value.clone()));
+        }
+    }
+    Ok(pairs)
+}
+
+/// The store client's key for a setting `name`, or a clear error naming the setting.
+fn setting<K>(url: &str, name: &str) -> Result<K>
+where
+    K: std::str::FromStr,
+{
+    name.parse().map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "origin {url}: unknown setting {name:?} (settings take object_store's names, such as aws_region, azure_storage_account_name or google_service_account)"
+            ),
+        )
     })
 }
 

@@ -2,6 +2,10 @@
 //! frames built with hydrant-proto, a local S3-compatible server (moto's), and the server's RSS.
 #![allow(dead_code)] // each test file uses a part of this
 
+pub mod stores;
+#[allow(unused_imports)] // each test file uses a part of this
+pub use stores::{Kind, S3Server, Store};
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -311,154 +315,6 @@ pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     while !condition() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A local S3-compatible server: the one CI started (`HYDRANT_TEST_S3_ENDPOINT`), or a
-/// `moto_server` of our own.
-pub struct S3Server {
-    pub endpoint: String,
-    child: Option<Child>,
-}
-
-impl S3Server {
-    pub fn start() -> S3Server {
-        if let Ok(endpoint) = std::env::var("HYDRANT_TEST_S3_ENDPOINT") {
-            return S3Server {
-                endpoint: endpoint.trim_end_matches('/').to_string(),
-                child: None,
-            };
-        }
-        let port = free_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("no S3 server: set HYDRANT_TEST_S3_ENDPOINT or install moto (pip install 'moto[server]')");
-        let address = format!("127.0.0.1:{port}");
-        eventually("moto_server to start", || {
-            TcpStream::connect(&address).is_ok()
-        });
-        S3Server {
-            endpoint: format!("http://{address}"),
-            child: Some(child),
-        }
-    }
-
-    pub fn address(&self) -> String {
-        self.endpoint.trim_start_matches("http://").to_string()
-    }
-
-    /// One plain HTTP request (moto accepts unsigned ones); the whole answer.
-    pub fn http(&self, method: &str, path: &str) -> String {
-        let mut stream = TcpStream::connect(self.address()).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.address()
-        )
-        .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer
-    }
-
-    /// Create `bucket`, emptied of what an earlier run left.
-    pub fn create_bucket(&self, bucket: &str) {
-        let answer = self.http("PUT", &format!("/{bucket}"));
-        assert!(
-            answer.starts_with("HTTP/1.1 200"),
-            "create bucket: {answer}"
-        );
-        for key in self.list(bucket) {
-            self.with_bucket(bucket, |store| async move {
-                use object_store::ObjectStoreExt;
-                store.delete(&key.as_str().into()).await.unwrap()
-            });
-        }
-    }
-
-    /// Run `work` with a signed client of `bucket` (not through hydrant).
-    fn with_bucket<T, F>(
-        &self,
-        bucket: &str,
-        work: impl FnOnce(object_store::aws::AmazonS3) -> F,
-    ) -> T
-    where
-        F: std::future::Future<Output = T>,
-    {
-        let store = object_store::aws::AmazonS3Builder::new()
-            .with_endpoint(&self.endpoint)
-            .with_allow_http(true)
-            .with_bucket_name(bucket)
-            .with_region("us-east-1")
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .build()
-            .unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(work(store))
-    }
-
-    /// Put an object straight into the S3 server.
-    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) {
-        let payload = object_store::PutPayload::from(data.to_vec());
-        self.with_bucket(bucket, |store| async move {
-            use object_store::ObjectStoreExt;
-            store.put(&key.into(), payload).await.unwrap()
-        });
-    }
-
-    /// The CRC32C of an object in the S3 server, read as a stream.
-    pub fn crc(&self, bucket: &str, key: &str) -> u32 {
-        self.with_bucket(bucket, |store| async move {
-            use futures::StreamExt;
-            use object_store::ObjectStoreExt;
-            let mut stream = store.get(&key.into()).await.unwrap().into_stream();
-            let mut crc = 0;
-            while let Some(bytes) = stream.next().await {
-                crc = crc32c::crc32c_append(crc, &bytes.unwrap());
-            }
-            crc
-        })
-    }
-
-    /// Every key in `bucket`, in order.
-    pub fn list(&self, bucket: &str) -> Vec<String> {
-        self.with_bucket(bucket, |store| async move {
-            use futures::StreamExt;
-            let mut listing = object_store::ObjectStore::list(&store, None);
-            let mut keys = Vec::new();
-            while let Some(meta) = listing.next().await {
-                keys.push(meta.unwrap().location.to_string());
-            }
-            keys.sort();
-            keys
-        })
-    }
-
-    /// The environment a hydrant-server needs to use this S3 server as its origin.
-    pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT", self.endpoint.clone()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_REGION", "us-east-1".into()),
-        ]
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
