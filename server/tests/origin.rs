@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Kind, Store};
+use common::{eventually, object_bytes, Kind, Store};
 use hydrant_client::{Client, ClientConfig, ClientError};
 use hydrant_fault_proxy::{ConfigUpdate, DelayRange, Method, ProxyHandle, Stats};
 use hydrant_proto::Status;
@@ -220,20 +220,6 @@ fn scratch(name: &str) -> PathBuf {
         .join(format!("origin-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     directory
-}
-
-/// Deterministic bytes that differ per object and per offset.
-fn object_bytes(seed: u64, length: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut data = Vec::with_capacity(length + 8);
-    while data.len() < length {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        data.extend_from_slice(&state.to_le_bytes());
-    }
-    data.truncate(length);
-    data
 }
 
 fn status_of(error: &ClientError) -> Option<u8> {
@@ -1014,12 +1000,4 @@ fn a_plan_reads_ahead_of_its_reader_in_its_order_within_its_window() {
         server.metric("hydrant_plans_idle_ended_total") >= 1 && server.metric("hydrant_plans") == 0
     });
     assert_eq!(server.metric("hydrant_plan_wasted_total"), 4);
-}
-
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(Instant::now() < deadline, "waited 30 s for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
