@@ -299,11 +299,16 @@ class Client:
 
     def put(self, path: str, data: Any) -> ObjectInfo:
         """Store ``data`` as the object: ``bytes`` or any buffer (stored from where it lies), a
-        file object opened for binary reading (streamed from its position to its end, never
-        whole in memory), or a path (``str`` or ``os.PathLike``) of a file to stream."""
+        list or tuple of them (stored one after another, sent from where each ``bytes`` lies,
+        never joined), a file object opened for binary reading (streamed from its position to
+        its end, never whole in memory), or a path (``str`` or ``os.PathLike``) of a file to
+        stream."""
         bucket, key = _split(path)
         if isinstance(data, bytes):
             return ObjectInfo(*self._native.put(bucket, key, data))
+        if isinstance(data, (list, tuple)):
+            parts = [part if isinstance(part, bytes) else bytes(memoryview(part)) for part in data]
+            return ObjectInfo(*self._native.put_parts(bucket, key, parts))
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as file:
                 return self._put_file(bucket, key, file)

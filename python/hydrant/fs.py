@@ -245,25 +245,82 @@ class HydrantFileSystem(AbstractFileSystem):
                            autocommit=autocommit, cache_options=cache_options, **kwargs)
 
 
+#: Writes smaller than this are joined into blocks of this size before the PUT sends them.
+GATHER_BYTES = 1 << 20
+
+
 class HydrantFile(AbstractBufferedFile):
     """A file of :class:`HydrantFileSystem`: reads fetch ranges (a read-ahead block at a
-    time); writes gather in memory (up to the file system's ``write_spool_bytes``, then in a
-    temporary file) and become one streamed PUT on close."""
+    time); writes gather in memory as they come (one copy of each write, small ones joined
+    into blocks of ``GATHER_BYTES``) up to the file system's ``write_spool_bytes``, beyond which
+    they go on in a temporary file, and become one streamed PUT on close: from where the
+    gathered blocks lie, or from the temporary file."""
 
     def _fetch_range(self, start, end):
         if start >= end:
             return b""
         return self.fs.client.get(self.path, range=(start, end))
 
+    def write(self, data):
+        if not self.writable():
+            raise ValueError("File not in write mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if self.forced:
+            raise ValueError("This file has been force-flushed, can only close")
+        if self.offset is None:
+            self.offset = 0
+            self._initiate_upload()
+        view = memoryview(data)
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        size = view.nbytes
+        if self._spill is None and self._held + size > self.fs.write_spool_bytes:
+            self._spill_to_file()
+        if self._spill is not None:
+            self._spill.write(view)
+        elif size < GATHER_BYTES:
+            self._small += view
+            if len(self._small) >= GATHER_BYTES:
+                self._parts.append(bytes(self._small))
+                self._small.clear()
+        else:
+            if self._small:
+                self._parts.append(bytes(self._small))
+                self._small.clear()
+            self._parts.append(view.tobytes())
+        self._held += size
+        self.loc += size
+        return size
+
+    def _spill_to_file(self):
+        self._spill = tempfile.TemporaryFile()
+        for part in self._parts:
+            self._spill.write(part)
+        self._spill.write(self._small)
+        self._parts = []
+        self._small = bytearray()
+
     def _initiate_upload(self):
-        self._spool = tempfile.SpooledTemporaryFile(max_size=self.fs.write_spool_bytes)
+        self._parts = []
+        self._small = bytearray()
+        self._held = 0
+        self._spill = None
 
     def _upload_chunk(self, final=False):
-        self.buffer.seek(0)
-        self._spool.write(self.buffer.read())
-        if final:
-            self._spool.seek(0)
-            self.fs.client.put(self.path, self._spool)
-            self._spool.close()
-            self.fs.invalidate_cache(self.path)
+        # Writes never reach fsspec's buffer (see write), so there is nothing to send before the
+        # end; at the end, one PUT of everything.
+        if not final:
+            return False
+        if self._spill is not None:
+            self._spill.seek(0)
+            self.fs.client.put(self.path, self._spill)
+            self._spill.close()
+        else:
+            if self._small:
+                self._parts.append(bytes(self._small))
+            self.fs.client.put(self.path, self._parts)
+        self._parts = []
+        self._small = bytearray()
+        self.fs.invalidate_cache(self.path)
         return True

@@ -126,5 +126,38 @@ def test_a_file_larger_than_its_memory_spool_is_written_whole(server):
     with filesystem.open("fs-spool/big", "wb", block_size=5000) as file:
         for start in range(0, len(data), 3000):
             file.write(data[start:start + 3000])
-        assert file._spool._rolled, "past 4 KiB the writes went to a temporary file"
+        assert file._spill is not None, "past 4 KiB the writes went to a temporary file"
     assert server.client(retries=0).get("fs-spool/big") == data
+
+
+def test_writes_of_every_size_and_layout_gather_into_one_exact_put(server):
+    import numpy
+
+    filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True)
+    small = [bytes([index]) * (index * 37 + 1) for index in range(200)]
+    large = numpy.arange(3 << 18, dtype=numpy.uint32)          # 3 MiB, contiguous
+    strided = numpy.arange(1 << 18, dtype=numpy.uint64)[::2]    # 1 MiB, not contiguous
+    expected = b"".join(small) + large.tobytes() + b"tail" + strided.tobytes() + b"".join(small)
+    with filesystem.open("fs-gather/mixed", "wb") as file:
+        for piece in small:
+            file.write(piece)
+        assert file.write(memoryview(large)) == large.nbytes
+        file.write(bytearray(b"tail"))
+        assert file.write(strided) == strided.nbytes
+        for piece in small:
+            file.write(memoryview(piece))
+        assert file.tell() == len(expected)
+        assert file._spill is None, "under the spool size everything stays in memory"
+    assert server.client(retries=0).get("fs-gather/mixed") == expected
+    with filesystem.open("fs-gather/empty", "wb"):
+        pass
+    assert server.client(retries=0).get("fs-gather/empty") == b""
+
+
+def test_put_takes_a_list_of_buffers_and_stores_them_one_after_another(server):
+    client = server.client(retries=0)
+    info = client.put("fs-gather/list", [b"ab", bytearray(b"cd"), memoryview(b"ef"), b""])
+    assert info.size == 6
+    assert client.get("fs-gather/list") == b"abcdef"
+    client.put("fs-gather/tuple", (b"x" * (5 << 20), b"y"))
+    assert client.get("fs-gather/tuple") == b"x" * (5 << 20) + b"y"
