@@ -178,6 +178,21 @@ impl SharedClient {
         Ok(ObjectInfo::decode(&answer.extension)?)
     }
 
+    /// Store the concatenation of `parts` as `bucket/key`, sent from where each part lies (no
+    /// joined copy), retried as `put` is: each attempt reads the parts from the start.
+    pub fn put_parts(&self, bucket: &str, key: &str, parts: &[&[u8]]) -> Result<ObjectInfo> {
+        let object_bytes = parts.iter().map(|part| part.len() as u64).sum();
+        let extension = PutRequest {
+            name: object_name(bucket, key),
+            object_bytes,
+        }
+        .encode();
+        let answer = self.on_owner(bucket, key, |connection| {
+            connection.put_from(&extension, object_bytes, &mut Gather::new(parts), None)
+        })?;
+        Ok(ObjectInfo::decode(&answer.extension)?)
+    }
+
     /// Store `object_bytes` read from `source` as `bucket/key`, streamed a frame at a time so
     /// that the object is never whole in memory (a file of any size). Not retried: the source
     /// cannot be read again (a `Local` error when it fails or ends early).
@@ -767,6 +782,11 @@ impl Client {
         self.shared.plan(bucket, plan_id, keys, window_bytes, idle)
     }
 
+    /// See [`SharedClient::put_parts`].
+    pub fn put_parts(&mut self, bucket: &str, key: &str, parts: &[&[u8]]) -> Result<ObjectInfo> {
+        self.shared.put_parts(bucket, key, parts)
+    }
+
     /// See [`SharedClient::put_from`].
     pub fn put_from(
         &mut self,
@@ -809,6 +829,41 @@ impl Client {
     }
 }
 
+/// Slices read one after another, as one stream.
+struct Gather<'a> {
+    slices: &'a [&'a [u8]],
+    index: usize,
+    offset: usize,
+}
+
+impl<'a> Gather<'a> {
+    fn new(slices: &'a [&'a [u8]]) -> Self {
+        Gather {
+            slices,
+            index: 0,
+            offset: 0,
+        }
+    }
+}
+
+impl std::io::Read for Gather<'_> {
+    fn read(&mut self, into: &mut [u8]) -> std::io::Result<usize> {
+        let mut filled = 0;
+        while filled < into.len() && self.index < self.slices.len() {
+            let rest = &self.slices[self.index][self.offset..];
+            let taken = rest.len().min(into.len() - filled);
+            into[filled..filled + taken].copy_from_slice(&rest[..taken]);
+            filled += taken;
+            self.offset += taken;
+            if self.offset == self.slices[self.index].len() {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        Ok(filled)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -821,5 +876,25 @@ mod tests {
         shareable::<Client>();
         #[cfg(feature = "async")]
         shareable::<crate::AsyncClient>();
+    }
+
+    #[test]
+    fn gather_reads_its_slices_in_order_across_any_read_sizes() {
+        use std::io::Read;
+        let parts: [&[u8]; 5] = [b"abc", b"", b"defgh", b"i", b"jklmnopq"];
+        let whole: Vec<u8> = parts.concat();
+        for size in 1..=whole.len() + 1 {
+            let mut gather = Gather::new(&parts);
+            let mut read = Vec::new();
+            let mut buffer = vec![0; size];
+            loop {
+                let count = gather.read(&mut buffer).unwrap();
+                if count == 0 {
+                    break;
+                }
+                read.extend_from_slice(&buffer[..count]);
+            }
+            assert_eq!(read, whole, "reads of {size} bytes");
+        }
     }
 }

@@ -251,10 +251,11 @@ GATHER_BYTES = 1 << 20
 
 class HydrantFile(AbstractBufferedFile):
     """A file of :class:`HydrantFileSystem`: reads fetch ranges (a read-ahead block at a
-    time); writes gather in memory as they come (one copy of each write, small ones joined
-    into blocks of ``GATHER_BYTES``) up to the file system's ``write_spool_bytes``, beyond which
-    they go on in a temporary file, and become one streamed PUT on close: from where the
-    gathered blocks lie, or from the temporary file."""
+    time); writes gather in memory as they come (a large ``bytes`` kept as it is, other large
+    writes copied once, small ones joined into blocks of ``GATHER_BYTES``) up to the file
+    system's ``write_spool_bytes``, beyond which they go on in a temporary file, and become one
+    PUT on close: from where the gathered blocks lie, or streamed from the temporary file. A
+    ``with`` block left by an exception stores nothing."""
 
     def _fetch_range(self, start, end):
         if start >= end:
@@ -271,16 +272,20 @@ class HydrantFile(AbstractBufferedFile):
         if self.offset is None:
             self.offset = 0
             self._initiate_upload()
-        view = memoryview(data)
-        if not view.c_contiguous:
-            view = memoryview(view.tobytes())
+        if isinstance(data, bytes):
+            whole, view = data, memoryview(data)
+        else:
+            view = memoryview(data)
+            whole = None if view.c_contiguous else view.tobytes()
+            if whole is not None:
+                view = memoryview(whole)
         size = view.nbytes
         if self._spill is None and self._held + size > self.fs.write_spool_bytes:
             self._spill_to_file()
         if self._spill is not None:
             self._spill.write(view)
         elif size < GATHER_BYTES:
-            self._small += view
+            self._small += view.cast("B") if view.ndim != 1 or view.format != "B" else view
             if len(self._small) >= GATHER_BYTES:
                 self._parts.append(bytes(self._small))
                 self._small.clear()
@@ -288,16 +293,21 @@ class HydrantFile(AbstractBufferedFile):
             if self._small:
                 self._parts.append(bytes(self._small))
                 self._small.clear()
-            self._parts.append(view.tobytes())
+            self._parts.append(whole if whole is not None else view.tobytes())
         self._held += size
         self.loc += size
         return size
 
     def _spill_to_file(self):
-        self._spill = tempfile.TemporaryFile()
-        for part in self._parts:
-            self._spill.write(part)
-        self._spill.write(self._small)
+        spill = tempfile.TemporaryFile()
+        try:
+            for part in self._parts:
+                spill.write(part)
+            spill.write(self._small)
+        except BaseException:
+            spill.close()
+            raise
+        self._spill = spill
         self._parts = []
         self._small = bytearray()
 
@@ -307,20 +317,41 @@ class HydrantFile(AbstractBufferedFile):
         self._held = 0
         self._spill = None
 
-    def _upload_chunk(self, final=False):
-        # Writes never reach fsspec's buffer (see write), so there is nothing to send before the
-        # end; at the end, one PUT of everything.
-        if not final:
-            return False
-        if self._spill is not None:
-            self._spill.seek(0)
-            self.fs.client.put(self.path, self._spill)
-            self._spill.close()
-        else:
-            if self._small:
-                self._parts.append(bytes(self._small))
-            self.fs.client.put(self.path, self._parts)
+    def _release(self):
         self._parts = []
         self._small = bytearray()
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
+
+    def _upload_chunk(self, final=False):
+        # Writes never reach fsspec's buffer (see write), so there is nothing to send before the
+        # end; at the end, one PUT of everything, and the memory is let go whatever its outcome.
+        if not final:
+            return False
+        try:
+            if self._spill is not None:
+                self._spill.seek(0)
+                self.fs.client.put(self.path, self._spill)
+            else:
+                if self._small:
+                    self._parts.append(bytes(self._small))
+                    self._small = bytearray()
+                self.fs.client.put(self.path, self._parts)
+        finally:
+            self._release()
         self.fs.invalidate_cache(self.path)
         return True
+
+    def discard(self):
+        """Drop what was written, storing nothing."""
+        if self.writable() and self.offset is not None:
+            self._release()
+        self.forced = True
+        self.closed = True
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if exc_type is not None and self.writable() and not self.closed:
+            self.discard()
+        else:
+            self.close()

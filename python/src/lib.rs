@@ -237,8 +237,9 @@ impl NativeClient {
         Ok(info_of(&info))
     }
 
-    /// Store the concatenation of `parts`, sent from where each lies (no joined copy). `bytes`
-    /// are immutable and the list holds them for the call, so they are read without the GIL.
+    /// Store the concatenation of `parts`, sent from where each lies (no joined copy), retried
+    /// as `put` is. `bytes` are immutable and the list holds them for the call, so they are
+    /// read without the GIL.
     fn put_parts(
         &self,
         py: Python<'_>,
@@ -253,7 +254,6 @@ impl NativeClient {
                 (bytes.as_ptr() as usize, bytes.len())
             })
             .collect();
-        let size = slices.iter().map(|(_, length)| *length as u64).sum();
         let info = self.run(py, move |client| {
             // SAFETY: each (address, length) is the contents of a `bytes` that `parts` keeps
             // alive until this call returns; `bytes` never change.
@@ -263,8 +263,7 @@ impl NativeClient {
                     std::slice::from_raw_parts(address as *const u8, length)
                 })
                 .collect();
-            let mut source = Gather::new(&slices);
-            client.put_from(bucket, key, &mut source, size, None)
+            client.put_parts(bucket, key, &slices)
         })?;
         drop(parts);
         Ok(info_of(&info))
@@ -404,41 +403,6 @@ impl NativeClient {
 const PYBUF_WRITE: std::os::raw::c_int = 0x200;
 
 /// A Python object with `readinto(buffer)` as a `std::io::Read`: each read takes the GIL.
-/// Slices read one after another, as one stream.
-struct Gather<'a> {
-    slices: &'a [&'a [u8]],
-    index: usize,
-    offset: usize,
-}
-
-impl<'a> Gather<'a> {
-    fn new(slices: &'a [&'a [u8]]) -> Self {
-        Gather {
-            slices,
-            index: 0,
-            offset: 0,
-        }
-    }
-}
-
-impl std::io::Read for Gather<'_> {
-    fn read(&mut self, into: &mut [u8]) -> std::io::Result<usize> {
-        let mut filled = 0;
-        while filled < into.len() && self.index < self.slices.len() {
-            let slice = &self.slices[self.index][self.offset..];
-            let taken = slice.len().min(into.len() - filled);
-            into[filled..filled + taken].copy_from_slice(&slice[..taken]);
-            filled += taken;
-            self.offset += taken;
-            if self.offset == self.slices[self.index].len() {
-                self.index += 1;
-                self.offset = 0;
-            }
-        }
-        Ok(filled)
-    }
-}
-
 struct PyReader {
     reader: Py<PyAny>,
 }

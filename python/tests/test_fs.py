@@ -134,7 +134,8 @@ def test_writes_of_every_size_and_layout_gather_into_one_exact_put(server):
     import numpy
 
     filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True)
-    small = [bytes([index]) * (index * 37 + 1) for index in range(200)]
+    # Over 2 MiB of small writes: they fill and close gathered blocks more than once.
+    small = [bytes([index]) * (index * 120 + 1) for index in range(200)]
     large = numpy.arange(3 << 18, dtype=numpy.uint32)          # 3 MiB, contiguous
     strided = numpy.arange(1 << 18, dtype=numpy.uint64)[::2]    # 1 MiB, not contiguous
     expected = b"".join(small) + large.tobytes() + b"tail" + strided.tobytes() + b"".join(small)
@@ -152,6 +153,22 @@ def test_writes_of_every_size_and_layout_gather_into_one_exact_put(server):
     with filesystem.open("fs-gather/empty", "wb"):
         pass
     assert server.client(retries=0).get("fs-gather/empty") == b""
+
+
+def test_a_write_left_by_an_exception_stores_nothing_and_keeps_the_old_object(server):
+    filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True,
+                                   write_spool_bytes=4096)
+    client = server.client(retries=0)
+    client.put("fs-abort/kept", b"the previous version")
+    for key in ("fs-abort/kept", "fs-abort/new"):
+        with pytest.raises(RuntimeError):
+            with filesystem.open(key, "wb") as file:
+                file.write(b"x" * 10_000)  # past the spool size: in a temporary file
+                raise RuntimeError("the writer failed part-way")
+        assert file.closed
+    assert client.get("fs-abort/kept") == b"the previous version"
+    with pytest.raises(hydrant.NotFound):
+        client.get("fs-abort/new")
 
 
 def test_put_takes_a_list_of_buffers_and_stores_them_one_after_another(server):

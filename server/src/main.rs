@@ -76,9 +76,8 @@ struct Arguments {
     /// beside the first data file.
     #[arg(long, env = "HYDRANT_ORIGIN")]
     origin: Option<String>,
-    /// A bucket with an origin of its own:
-    /// NAME=URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION]
-    /// [,endpoint=URL][,settings=FILE]. Repeatable.
+    /// A bucket with an origin of its own, repeatable:
+    /// NAME=URL[,write=back|through|read-only][,revalidate=immutable|ttl=DURATION][,endpoint=URL][,settings=FILE]
     #[arg(long = "bucket")]
     bucket: Vec<String>,
     /// Write mode of buckets on the default origin: back, through or read-only. Default back.

@@ -215,9 +215,13 @@ impl Drop for ServerProcess {
     }
 }
 
+/// An empty folder of this test's own: unique per call, so that the per-kind runs of one
+/// behaviour never share one when a test runner runs them as threads of one process.
 fn scratch(name: &str) -> PathBuf {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let directory = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("origin-{name}-{}", std::process::id()));
+        .join(format!("origin-{name}-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     directory
 }

@@ -71,16 +71,25 @@ pub struct BucketOrigin {
 /// `azure_storage_account_key`, `google_service_account`...), plus `endpoint`. Their values
 /// may be secrets: `Debug` shows the names only.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct StoreSettings(pub Vec<(String, String)>);
+pub struct StoreSettings {
+    pub pairs: Vec<(String, String)>,
+    /// Whether they came from a settings file, which then stands instead of the environment's
+    /// variables (credentials from both would be mixed into wrong signatures).
+    pub from_file: bool,
+}
 
 impl std::fmt::Debug for StoreSettings {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_list()
-            .entries(self.0.iter().map(|(name, _)| name))
+            .entries(self.pairs.iter().map(|(name, _)| name))
             .finish()
     }
 }
+
+/// The longest setting name a settings file may hold (`object_store`'s are far shorter): a
+/// longer one is more likely a value on a line of its own, which must not reach an error.
+pub const SETTING_NAME_BYTES_MAX: usize = 64;
 
 /// The largest settings file read (`settings=FILE`): a few keys, not a data file.
 pub const SETTINGS_FILE_BYTES_MAX: u64 = 64 << 10;
@@ -107,8 +116,14 @@ impl BucketOrigin {
             match name.trim() {
                 "write" => origin.write = parse_write_mode(value)?,
                 "revalidate" => origin.revalidate = parse_revalidate(value)?,
-                "endpoint" => origin.settings.0.push(("endpoint".into(), value.into())),
-                "settings" => origin.settings.0.extend(read_settings(value)?),
+                "endpoint" => origin
+                    .settings
+                    .pairs
+                    .push(("endpoint".into(), value.into())),
+                "settings" => {
+                    origin.settings.pairs.extend(read_settings(value)?);
+                    origin.settings.from_file = true;
+                }
                 other => {
                     return Err(invalid(format!(
                         "unknown origin option {other:?}; the options are write=, revalidate=, endpoint= and settings="
@@ -117,7 +132,7 @@ impl BucketOrigin {
             }
         }
         check_url(&origin.url)?;
-        if origin.url.starts_with("file://") && !origin.settings.0.is_empty() {
+        if origin.url.starts_with("file://") && !origin.settings.pairs.is_empty() {
             return Err(invalid(format!(
                 "origin {}: endpoint= and settings= apply to object stores, not folders",
                 origin.url
@@ -149,18 +164,29 @@ fn read_settings(path: &str) -> Result<Vec<(String, String)>> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (name, value) = line.split_once('=').ok_or_else(|| {
+        // The line itself never reaches an error: it may hold a secret.
+        let not_a_setting = || {
             invalid(format!(
-                "line {} of the settings file {path} is not NAME=VALUE",
+                "line {} of the settings file {path} is not NAME=VALUE with a NAME of letters, digits and _",
                 index + 1
             ))
-        })?;
+        };
+        let (name, value) = line.split_once('=').ok_or_else(not_a_setting)?;
+        let name = name.trim();
+        if name.is_empty()
+            || name.len() > SETTING_NAME_BYTES_MAX
+            || !name
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
+        {
+            return Err(not_a_setting());
+        }
         let value = value.trim();
         let unquoted = value
             .strip_prefix('"')
             .and_then(|inner| inner.strip_suffix('"'))
             .unwrap_or(value);
-        settings.push((name.trim().to_ascii_lowercase(), unquoted.to_string()));
+        settings.push((name.to_ascii_lowercase(), unquoted.to_string()));
     }
     Ok(settings)
 }
@@ -860,7 +886,7 @@ mod tests {
         let parsed = BucketOrigin::parse(&spec, &defaults).unwrap();
         assert_eq!(parsed.url, "az://shards/train");
         assert_eq!(
-            parsed.settings.0,
+            parsed.settings.pairs,
             [
                 (
                     "endpoint".to_string(),
@@ -886,6 +912,15 @@ mod tests {
         std::fs::write(&file, "azure_storage_account_name devstore\n").unwrap();
         let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
         assert!(error.to_string().contains("line 1"), "{error}");
+        // A key pasted on a line of its own splits at its base64 padding: refused by its line
+        // number, the key not shown.
+        std::fs::write(&file, "# key\nc2VjcmV0IGtleQ/abc+def==\n").unwrap();
+        let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
+        assert!(error.to_string().contains("line 2"), "{error}");
+        assert!(
+            !error.to_string().contains("c2Vj"),
+            "a secret reached an error: {error}"
+        );
         std::fs::write(&file, vec![b'#'; SETTINGS_FILE_BYTES_MAX as usize + 1]).unwrap();
         let error = BucketOrigin::parse(&spec, &defaults).unwrap_err();
         assert!(error.to_string().contains("is over"), "{error}");
@@ -904,12 +939,13 @@ mod tests {
     fn an_endpoint_that_is_not_http_or_an_unknown_setting_is_refused_when_the_store_opens() {
         let config = OriginConfig::new();
         let open = |url: &str, pairs: &[(&str, &str)]| {
-            let settings = StoreSettings(
-                pairs
+            let settings = StoreSettings {
+                pairs: pairs
                     .iter()
                     .map(|(name, value)| (name.to_string(), value.to_string()))
                     .collect(),
-            );
+                from_file: true,
+            };
             remote::open_store(url, &settings, &config).map(|_| ())
         };
         let error = open("s3://b", &[("endpoint", "ftp://x")]).unwrap_err();

@@ -68,7 +68,8 @@ pub(super) struct Opened {
     pub prefix: Option<Path>,
 }
 
-/// Open the store for an origin URL, with `settings` over what the environment gives.
+/// Open the store for an origin URL: configured by the environment's variables, with
+/// `settings` over them, or by `settings` alone when they came from a settings file.
 pub(super) fn open_store(
     url: &str,
     settings: &StoreSettings,
@@ -121,17 +122,24 @@ pub(super) fn open_store(
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_url(&root)
+                let mut builder = match settings.from_file {
+                    true => AmazonS3Builder::new(),
+                    false => AmazonS3Builder::from_env(),
+                }
+                .with_url(&root);
+                for (name, value) in store_settings(url, settings, "endpoint")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                // hydrant's own limits last, so that no setting replaces them.
+                builder
                     .with_retry(retry(timeout))
                     .with_config(
                         AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    );
-                for (name, value) in store_settings(url, settings, "endpoint")? {
-                    builder = builder.with_config(setting(url, &name)?, value);
-                }
-                builder.build().map(Arc::new).map_err(unavailable)
+                    )
+                    .build()
+                    .map(Arc::new)
+                    .map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -142,17 +150,24 @@ pub(super) fn open_store(
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                let mut builder = GoogleCloudStorageBuilder::from_env()
-                    .with_url(&root)
+                let mut builder = match settings.from_file {
+                    true => GoogleCloudStorageBuilder::new(),
+                    false => GoogleCloudStorageBuilder::from_env(),
+                }
+                .with_url(&root);
+                for (name, value) in store_settings(url, settings, "base_url")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                // hydrant's own limits last, so that no setting replaces them.
+                builder
                     .with_retry(retry(timeout))
                     .with_config(
                         GoogleConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    );
-                for (name, value) in store_settings(url, settings, "base_url")? {
-                    builder = builder.with_config(setting(url, &name)?, value);
-                }
-                builder.build().map(Arc::new).map_err(unavailable)
+                    )
+                    .build()
+                    .map(Arc::new)
+                    .map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -163,17 +178,24 @@ pub(super) fn open_store(
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
             use object_store::ClientConfigKey;
             let build = |timeout: Duration| {
-                let mut builder = MicrosoftAzureBuilder::from_env()
-                    .with_url(&root)
+                let mut builder = match settings.from_file {
+                    true => MicrosoftAzureBuilder::new(),
+                    false => MicrosoftAzureBuilder::from_env(),
+                }
+                .with_url(&root);
+                for (name, value) in store_settings(url, settings, "endpoint")? {
+                    builder = builder.with_config(setting(url, &name)?, value);
+                }
+                // hydrant's own limits last, so that no setting replaces them.
+                builder
                     .with_retry(retry(timeout))
                     .with_config(
                         AzureConfigKey::Client(ClientConfigKey::Timeout),
                         limit(timeout),
-                    );
-                for (name, value) in store_settings(url, settings, "endpoint")? {
-                    builder = builder.with_config(setting(url, &name)?, value);
-                }
-                builder.build().map(Arc::new).map_err(unavailable)
+                    )
+                    .build()
+                    .map(Arc::new)
+                    .map_err(unavailable)
             };
             (
                 build(config.request_timeout)?,
@@ -197,8 +219,8 @@ fn store_settings(
     settings: &StoreSettings,
     endpoint_name: &str,
 ) -> Result<Vec<(String, String)>> {
-    let mut pairs = Vec::with_capacity(settings.0.len() + 1);
-    for (name, value) in &settings.0 {
+    let mut pairs = Vec::with_capacity(settings.pairs.len() + 1);
+    for (name, value) in &settings.pairs {
         if name == "endpoint" {
             if value.starts_with("http://") {
                 pairs.push(("allow_http".to_string(), "true".to_string()));
