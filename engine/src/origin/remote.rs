@@ -117,30 +117,36 @@ pub(super) fn open_store(
         retry_timeout: timeout,
     };
     let limit = |timeout: Duration| format!("{}ms", timeout.as_millis());
-    let (store, parts): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match scheme {
-        "s3" => {
-            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-            use object_store::ClientConfigKey;
-            let build = |timeout: Duration| {
+    // A store's client with a time limit: from the environment's variables, or from a settings
+    // file alone; the bucket's settings over them (`endpoint` under the store's own name for
+    // it); hydrant's own limits last, so that no setting replaces them.
+    macro_rules! store_builder {
+        ($builder:ident, $key:ident, $endpoint_name:literal) => {
+            |timeout: Duration| {
                 let mut builder = match settings.from_file {
-                    true => AmazonS3Builder::new(),
-                    false => AmazonS3Builder::from_env(),
+                    true => $builder::new(),
+                    false => $builder::from_env(),
                 }
                 .with_url(&root);
-                for (name, value) in store_settings(url, settings, "endpoint")? {
+                for (name, value) in store_settings(url, settings, $endpoint_name)? {
                     builder = builder.with_config(setting(url, &name)?, value);
                 }
-                // hydrant's own limits last, so that no setting replaces them.
                 builder
                     .with_retry(retry(timeout))
                     .with_config(
-                        AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                        $key::Client(object_store::ClientConfigKey::Timeout),
                         limit(timeout),
                     )
                     .build()
                     .map(Arc::new)
                     .map_err(unavailable)
-            };
+            }
+        };
+    }
+    let (store, parts): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match scheme {
+        "s3" => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+            let build = store_builder!(AmazonS3Builder, AmazonS3ConfigKey, "endpoint");
             (
                 build(config.request_timeout)?,
                 build(config.upload_timeout)?,
@@ -148,27 +154,7 @@ pub(super) fn open_store(
         }
         "gs" => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-            use object_store::ClientConfigKey;
-            let build = |timeout: Duration| {
-                let mut builder = match settings.from_file {
-                    true => GoogleCloudStorageBuilder::new(),
-                    false => GoogleCloudStorageBuilder::from_env(),
-                }
-                .with_url(&root);
-                for (name, value) in store_settings(url, settings, "base_url")? {
-                    builder = builder.with_config(setting(url, &name)?, value);
-                }
-                // hydrant's own limits last, so that no setting replaces them.
-                builder
-                    .with_retry(retry(timeout))
-                    .with_config(
-                        GoogleConfigKey::Client(ClientConfigKey::Timeout),
-                        limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
-            };
+            let build = store_builder!(GoogleCloudStorageBuilder, GoogleConfigKey, "base_url");
             (
                 build(config.request_timeout)?,
                 build(config.upload_timeout)?,
@@ -176,27 +162,7 @@ pub(super) fn open_store(
         }
         "az" => {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-            use object_store::ClientConfigKey;
-            let build = |timeout: Duration| {
-                let mut builder = match settings.from_file {
-                    true => MicrosoftAzureBuilder::new(),
-                    false => MicrosoftAzureBuilder::from_env(),
-                }
-                .with_url(&root);
-                for (name, value) in store_settings(url, settings, "endpoint")? {
-                    builder = builder.with_config(setting(url, &name)?, value);
-                }
-                // hydrant's own limits last, so that no setting replaces them.
-                builder
-                    .with_retry(retry(timeout))
-                    .with_config(
-                        AzureConfigKey::Client(ClientConfigKey::Timeout),
-                        limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
-            };
+            let build = store_builder!(MicrosoftAzureBuilder, AzureConfigKey, "endpoint");
             (
                 build(config.request_timeout)?,
                 build(config.upload_timeout)?,
