@@ -211,3 +211,37 @@ fn an_upload_cut_by_sigkill_goes_on_from_its_parts_after_the_restart() {
     );
     s3.create_bucket("resume");
 }
+
+/// Parts whose reads wait in the shard's line for device room (one chunk read in flight at a
+/// time here), with a record written after each acknowledged part: the upload never stops
+/// polling its parts to wait for a record, which would hold the line behind a woken but
+/// unpolled read (the upload once stalled so, for good, in CI).
+#[test]
+fn parts_waiting_for_device_room_never_stall_the_upload_on_its_record() {
+    let s3 = S3Server::start();
+    s3.create_bucket("room-line");
+    let proxy = proxy(&s3, "");
+    let scratch = Scratch::new("upload-room-line");
+    let server = server_sized(
+        &scratch,
+        &s3,
+        &proxy,
+        "room-line",
+        &["--io-bytes-in-flight", "4KiB"],
+        1024,
+    );
+    let data = object_bytes(41, 24 * PART_BYTES + 12345);
+    for round in 0..3 {
+        let mut client = server.client();
+        let key = format!("big-{round}");
+        assert!(client.put("data", &key, &data).unwrap().dirty);
+        client
+            .flush(Some("data"), "", Duration::from_secs(120))
+            .unwrap_or_else(|error| panic!("round {round}: FLUSH: {error}"));
+        assert_eq!(
+            s3.crc("room-line", &key),
+            crc32c::crc32c(&data),
+            "round {round}"
+        );
+    }
+}

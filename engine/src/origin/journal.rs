@@ -21,6 +21,9 @@
 //! A record that does not parse, or describes another version or another place, is ignored
 //! (its upload is aborted at the origin when it can be named).
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use object_store::multipart::PartId;
 use object_store::path::Path;
 
@@ -144,6 +147,79 @@ pub(crate) async fn save(store: &Store, key: &ObjectKey, record: &Record) {
             key.bucket(),
             key.key()
         );
+    }
+}
+
+/// Writes one upload's record in a task of its own, so that the upload never waits for it.
+///
+/// An upload awaiting its record's write while its parts' reads wait in the shard's line for
+/// device room would hold that line: the first read in line is woken to take its room, but is
+/// polled only when the upload polls its parts again, and the record's write waits behind it.
+/// So the upload hands records here and goes on polling its parts. Only the newest pending
+/// record is written, and in the order given: a record never overwrites a newer one, and a
+/// `forget` is never overtaken by a save made before it.
+pub(crate) struct Recorder {
+    store: Rc<Store>,
+    key: ObjectKey,
+    state: Rc<RefCell<RecorderState>>,
+}
+
+#[derive(Default)]
+struct RecorderState {
+    next: Option<Next>,
+    writing: bool,
+}
+
+enum Next {
+    Save(Record),
+    Forget,
+}
+
+impl Recorder {
+    pub(crate) fn new(store: Rc<Store>, key: ObjectKey) -> Self {
+        Recorder {
+            store,
+            key,
+            state: Rc::default(),
+        }
+    }
+
+    /// Record `record`, replacing a pending one not yet being written.
+    pub(crate) fn save(&self, record: Record) {
+        self.hand(Next::Save(record));
+    }
+
+    /// Delete the record, after whatever was handed before.
+    pub(crate) fn forget(&self) {
+        self.hand(Next::Forget);
+    }
+
+    fn hand(&self, next: Next) {
+        let mut state = self.state.borrow_mut();
+        state.next = Some(next);
+        if state.writing {
+            return; // the writing task takes it when it is done with the one before
+        }
+        state.writing = true;
+        let (store, key, state) = (self.store.clone(), self.key.clone(), self.state.clone());
+        crate::rt::spawn(async move {
+            loop {
+                let next = {
+                    let mut state = state.borrow_mut();
+                    match state.next.take() {
+                        Some(next) => next,
+                        None => {
+                            state.writing = false;
+                            return;
+                        }
+                    }
+                };
+                match next {
+                    Next::Save(record) => save(&store, &key, &record).await,
+                    Next::Forget => forget(&store, &key).await,
+                }
+            }
+        });
     }
 }
 

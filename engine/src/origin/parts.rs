@@ -299,6 +299,9 @@ pub(crate) async fn upload_in_parts(
             }
         }
     };
+    // From here the upload's record is written by a task of its own: the loop below must
+    // await nothing but its parts (see `journal::Recorder`).
+    let recorder = journal::Recorder::new(uploader.store.clone(), upload.key.clone());
     let mut missing: Vec<usize> = (0..begun.parts.len())
         .rev()
         .filter(|&index| begun.parts[index].is_none())
@@ -312,16 +315,16 @@ pub(crate) async fn upload_in_parts(
             let Some(index) = missing.pop() else {
                 break;
             };
-            if let Some(pause) = route.throttle.pause() {
-                crate::rt::time::sleep(pause).await;
-            }
             let target = Target {
                 path: begun.path.clone(),
                 id: begun.id.clone(),
                 part_bytes: begun.part_bytes,
             };
+            // A SlowDown pause is waited inside the part, so that the parts already in flight
+            // are polled meanwhile.
+            let pause = route.throttle.pause();
             in_flight.push(one_part(
-                uploader, upload_ref, &origins, route, target, index,
+                uploader, upload_ref, &origins, route, target, index, pause,
             ));
         }
         let Some(end) = in_flight.next().await else {
@@ -332,7 +335,7 @@ pub(crate) async fn upload_in_parts(
                 route.throttle.accepted();
                 slow_downs_in_a_row = 0;
                 begun.parts[index] = Some(part);
-                journal::save(store, &upload_ref.key, &begun.record(upload_ref)).await;
+                recorder.save(begun.record(upload_ref));
             }
             PartEnd::SlowDown(index) => {
                 route.throttle.slowed();
@@ -364,11 +367,11 @@ pub(crate) async fn upload_in_parts(
         None => {}
         Some(Stop::Moot) => {
             begun.abort(&origins);
-            journal::forget(store, &upload.key).await;
+            recorder.forget();
             return Ok(None);
         }
         Some(Stop::Gone) => {
-            journal::forget(store, &upload.key).await;
+            recorder.forget();
             return Err(Error::new(
                 ErrorKind::OriginUnavailable,
                 format!(
@@ -394,7 +397,7 @@ pub(crate) async fn upload_in_parts(
         ))
         .await;
     if completion.is_ok() {
-        journal::forget(store, &upload.key).await;
+        recorder.forget();
     }
     match completion {
         Ok(Completion::Done(etag)) => Ok(Some(etag)),
@@ -412,7 +415,8 @@ pub(crate) async fn upload_in_parts(
     }
 }
 
-/// Read part `index` from NVMe, within the node's budget of part bytes in flight, and upload it.
+/// After `pause` (a SlowDown's), read part `index` from NVMe, within the node's budget of part
+/// bytes in flight, and upload it.
 async fn one_part(
     uploader: &Uploader,
     upload: &Upload,
@@ -420,7 +424,11 @@ async fn one_part(
     route: &Arc<Route>,
     target: Target,
     index: usize,
+    pause: Option<Duration>,
 ) -> PartEnd {
+    if let Some(pause) = pause {
+        crate::rt::time::sleep(pause).await;
+    }
     let start = index as u64 * target.part_bytes;
     let end = (start + target.part_bytes).min(upload.bytes);
     let _permit = origins.part_budget(end - start).await;
