@@ -219,10 +219,14 @@ def test_each_worker_plans_its_epoch_so_the_server_reads_ahead_of_it(server):
     # Plans of earlier tests' loaders may still be open (until their idle time passes).
     plans = server.metric("hydrant_plans")
 
-    # Without plans, nothing is planned.
+    # Without plans, nothing is planned. The 4 objects read are stored in the background after
+    # their reads return: wait for that, or the plan below may find one still cold.
+    objects = server.metric("hydrant_objects")
     quiet = hydrant.torch.ShardDataset(paths[:4], client=client, seed=1, plan=False)
     assert len(list(quiet)) == 4
     assert server.metric("hydrant_plan_keys_total") == planned
+    wait_for(lambda: server.metric("hydrant_objects") >= objects + 4,
+             "the 4 objects read without a plan to be stored")
     prefetched = server.metric("hydrant_plan_prefetched_total")
 
     dataset = hydrant.torch.ShardDataset(paths, client=client, seed=3)
