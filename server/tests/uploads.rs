@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{object_bytes, Scratch, ServerProcess};
+use common::{object_bytes, Generated, Scratch, ServerProcess};
 use hydrant_client::ClientError;
 use hydrant_proto::Status;
 
@@ -199,4 +199,46 @@ fn an_s3_origin_that_refuses_an_upload_does_not_stall_flush() {
         .unwrap();
     assert_eq!(s3.list("uploads-present"), ["b"]);
     assert_eq!(client.get("gone", "a", None).unwrap().1, b"nowhere to go");
+}
+
+#[test]
+fn a_write_back_killed_mid_upload_leaves_no_staged_file_at_a_folder_origin() {
+    const LEN: u64 = 512 << 20;
+    let scratch = Scratch::new("uploads-killed");
+    let origin = scratch.path().join("origin/data");
+    let staged = origin.join("model.pt#1");
+    let mut server = ServerProcess::start_shards(scratch.path(), 1, 1536, &[], &[]);
+    let mut source = std::io::BufReader::with_capacity(1 << 20, Generated::new(5, LEN));
+    server
+        .client()
+        .put_from("data", "model.pt", &mut source, LEN, None)
+        .unwrap();
+    // The folder origin writes the object to a staged file and renames it when it is whole:
+    // killed while that file grows, the upload leaves it behind.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !staged.exists() {
+        assert!(Instant::now() < deadline, "the upload never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    server.kill();
+    assert!(
+        staged.exists() && !origin.join("model.pt").exists(),
+        "the kill came while the upload was staged"
+    );
+    // After the restart the dirty object is uploaded again, and what the killed upload left
+    // is gone: the folder holds the object, whole, and nothing else.
+    let server = ServerProcess::start_shards(scratch.path(), 1, 1536, &[], &[]);
+    server
+        .client()
+        .flush(Some("data"), "", Duration::from_secs(120))
+        .unwrap();
+    let names: Vec<String> = std::fs::read_dir(&origin)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["model.pt"]);
+    let mut file = std::fs::File::open(origin.join("model.pt")).unwrap();
+    let mut checked = common::Checked::new(5, 0);
+    assert_eq!(std::io::copy(&mut file, &mut checked).unwrap(), LEN);
+    assert_eq!(checked.mismatch, None);
 }

@@ -359,6 +359,8 @@ pub(crate) struct Route {
     pub url: String,
     /// Whether the store lists in key order (object stores do; a local folder does not).
     pub listing_sorted: bool,
+    /// For a local folder: the folder the store's paths are under.
+    pub folder: Option<std::path::PathBuf>,
     /// Pauses uploads here after SlowDown answers.
     pub throttle: parts::Throttle,
 }
@@ -434,6 +436,9 @@ pub struct Origins {
     /// Room for part bytes in flight, node-wide, in KiB (`part_bytes_in_flight_max`).
     part_budget: tokio::sync::Semaphore,
     pub(crate) counters: OriginCounters,
+    /// When the engine opened: a folder origin's staged file older than this was left by an
+    /// earlier process, never by a write of this one.
+    pub(crate) opened_at: std::time::SystemTime,
 }
 
 /// Routes of default-origin buckets kept for reuse.
@@ -449,6 +454,7 @@ struct DefaultOrigin {
     store: Arc<dyn ObjectStore>,
     parts: Option<Arc<dyn MultipartStore>>,
     prefix: Option<Path>,
+    folder: Option<std::path::PathBuf>,
     url: String,
 }
 
@@ -540,6 +546,7 @@ impl Origins {
             failed_uploads: AtomicU64::new(0),
             part_budget: tokio::sync::Semaphore::new(part_budget_kib),
             counters: OriginCounters::default(),
+            opened_at: std::time::SystemTime::now(),
         };
         // Resolve the configured buckets and open the default origin now, so that a bad URL or
         // missing credentials stop the start instead of the first request.
@@ -555,6 +562,7 @@ impl Origins {
                 store: opened.store,
                 parts: opened.parts,
                 prefix: opened.prefix,
+                folder: opened.folder,
                 url: url.trim_end_matches('/').to_string(),
             });
         }
@@ -597,6 +605,7 @@ impl Origins {
             revalidate: self.config.default_revalidate,
             url: format!("{}/{bucket}", default.url),
             listing_sorted: !default.url.starts_with("file://"),
+            folder: default.folder.clone(),
             throttle: parts::Throttle::default(),
         });
         if routes.len() >= DEFAULT_ROUTES_MAX {
@@ -619,6 +628,7 @@ impl Origins {
             revalidate: origin.revalidate,
             url: origin.url.clone(),
             listing_sorted: !origin.url.starts_with("file://"),
+            folder: opened.folder,
             throttle: parts::Throttle::default(),
         })
     }

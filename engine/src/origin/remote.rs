@@ -66,6 +66,8 @@ pub(super) struct Opened {
     pub store: Arc<dyn ObjectStore>,
     pub parts: Option<Arc<dyn MultipartStore>>,
     pub prefix: Option<Path>,
+    /// For a local folder: the folder the store's paths are under.
+    pub folder: Option<std::path::PathBuf>,
 }
 
 /// Open the store for an origin URL: configured by the environment's variables, with
@@ -92,6 +94,7 @@ pub(super) fn open_store(
             store: Arc::new(store),
             parts: None,
             prefix: None,
+            folder: Some(root.into()),
         });
     }
     let (scheme, rest) = url.split_once("://").expect("checked URL");
@@ -174,6 +177,7 @@ pub(super) fn open_store(
         store,
         parts: Some(parts),
         prefix,
+        folder: None,
     })
 }
 
@@ -489,6 +493,46 @@ pub(crate) async fn head(
     }
 }
 
+/// The highest `NAME#N` a folder origin's leftovers are looked for at (object_store stages each
+/// write of `NAME` as the first free `NAME#1`, `NAME#2`, ... and renames it when complete).
+const STAGED_SUFFIX_MAX: u32 = 8;
+
+/// For a local-folder origin: remove the staged files that a process killed mid-write left
+/// beside `path` (object_store hides them from listings, so nothing else ever would). Only
+/// those last written before this engine opened go: a write of this process is never touched.
+/// Called before each write and delete of `path`.
+async fn remove_stale_staged(origins: &super::Origins, route: &Route, path: &Path) {
+    let Some(folder) = &route.folder else {
+        return;
+    };
+    let file = folder.join(path.as_ref());
+    let opened_at = origins.opened_at;
+    // Blocking file calls: on the origin pool's blocking threads.
+    let _ = tokio::task::spawn_blocking(move || remove_staged_before(&file, opened_at)).await;
+}
+
+fn remove_staged_before(file: &std::path::Path, opened_at: std::time::SystemTime) {
+    for suffix in 1..=STAGED_SUFFIX_MAX {
+        let mut staged = file.as_os_str().to_owned();
+        staged.push(format!("#{suffix}"));
+        let staged = std::path::PathBuf::from(staged);
+        let Ok(meta) = std::fs::symlink_metadata(&staged) else {
+            continue;
+        };
+        let stale = meta.is_file() && meta.modified().is_ok_and(|modified| modified < opened_at);
+        if !stale {
+            continue;
+        }
+        match std::fs::remove_file(&staged) {
+            Ok(()) => log::info!(
+                "removed {}, an unfinished write left at the origin by an earlier run",
+                staged.display()
+            ),
+            Err(error) => log::warn!("cannot remove {}: {error}", staged.display()),
+        }
+    }
+}
+
 pub(crate) async fn put(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
@@ -496,6 +540,7 @@ pub(crate) async fn put(
     data: Bytes,
 ) -> Result<Option<String>> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    remove_stale_staged(&origins, &route, &path).await;
     let bytes = data.len() as u64;
     match route.store.put(&path, PutPayload::from(data)).await {
         Ok(result) => {
@@ -515,6 +560,7 @@ pub(crate) async fn start_multipart(
     path: Path,
 ) -> Result<Box<dyn object_store::MultipartUpload>> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    remove_stale_staged(&origins, &route, &path).await;
     route
         .store
         .put_multipart(&path)
@@ -727,6 +773,7 @@ pub(crate) async fn delete(
     path: Path,
 ) -> Result<()> {
     origins.counters.deletes.fetch_add(1, Ordering::Relaxed);
+    remove_stale_staged(&origins, &route, &path).await;
     match route.store.delete(&path).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
         Err(error) => Err(origin_error(&origins.counters, &route, "delete", error)),
