@@ -242,3 +242,66 @@ fn a_write_back_killed_mid_upload_leaves_no_staged_file_at_a_folder_origin() {
     assert_eq!(std::io::copy(&mut file, &mut checked).unwrap(), LEN);
     assert_eq!(checked.mismatch, None);
 }
+
+/// The page cache's view of a file (Linux's `cachestat`, 6.5 and later): pages cached, dirty
+/// (written, not yet on the disk) and under writeback.
+fn cached_pages(path: &std::path::Path) -> (u64, u64, u64) {
+    #[repr(C)]
+    struct Range {
+        offset: u64,
+        length: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let range = Range {
+        offset: 0,
+        length: 0, // to the end
+    };
+    let mut stat = Stat::default();
+    // SAFETY: both pointers are to live values of the layouts the system call defines.
+    let result = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0,
+        )
+    };
+    assert_eq!(result, 0, "cachestat: {}", std::io::Error::last_os_error());
+    (stat.cache, stat.dirty, stat.writeback)
+}
+
+#[test]
+fn a_folder_origin_holds_its_objects_on_disk_when_flush_returns() {
+    let scratch = Scratch::new("uploads-synced");
+    let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
+    let mut client = server.client();
+    // One below the multipart threshold (one write), one above it (written in parts).
+    let small = object_bytes(7, 1 << 20);
+    let large = object_bytes(8, 24 << 20);
+    client.put("data", "small.bin", &small).unwrap();
+    client.put("data", "large.bin", &large).unwrap();
+    client
+        .flush(Some("data"), "", Duration::from_secs(60))
+        .unwrap();
+    // A version counts as uploaded (and may then leave NVMe) only once the folder has it
+    // through a power loss: no page of it is still waiting in the page cache.
+    for (name, bytes) in [("small.bin", &small), ("large.bin", &large)] {
+        let path = scratch.path().join("origin/data").join(name);
+        let (cached, dirty, writeback) = cached_pages(&path);
+        eprintln!("{name}: {cached} pages cached, {dirty} dirty, {writeback} under writeback");
+        assert_eq!((dirty, writeback), (0, 0), "{name} is not on the disk yet");
+        assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    }
+}

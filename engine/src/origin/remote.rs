@@ -87,9 +87,13 @@ pub(super) fn open_store(
         let root = path;
         std::fs::create_dir_all(root)
             .map_err(|error| Error::io(format!("cannot create the origin folder {root}"), error))?;
+        // Each write is synced (the file, then its folder) before it counts as done, as an
+        // object store's acknowledgement is durable: a version is marked clean, and may then
+        // leave NVMe, only once the folder holds it through a power loss.
         let store = object_store::local::LocalFileSystem::new_with_prefix(root)
             .map_err(unavailable)?
-            .with_automatic_cleanup(true);
+            .with_automatic_cleanup(true)
+            .with_fsync(true);
         return Ok(Opened {
             store: Arc::new(store),
             parts: None,
