@@ -89,6 +89,13 @@ pub(crate) struct Begun {
 }
 
 impl Begun {
+    /// Whether an upload of `path` to `route` goes on with this one: the same origin (by URL:
+    /// a default-origin bucket's route may be forgotten and built anew between two attempts)
+    /// and the same path.
+    fn continues(&self, route: &Route, path: &Path) -> bool {
+        self.route.url == route.url && self.path == *path
+    }
+
     /// Abort it at the origin, in the background (the origin pool runs it to the end).
     pub fn abort(self, origins: &Origins) {
         drop(origins.run(remote::abort_upload(self.route, self.path, self.id)));
@@ -270,7 +277,7 @@ pub(crate) async fn upload_in_parts(
     let config = origins.config().clone();
     let store = &uploader.store;
     let mut begun = match upload.begun.take() {
-        Some(begun) if Arc::ptr_eq(&begun.route, route) && begun.path == path => begun,
+        Some(begun) if begun.continues(route, &path) => begun,
         other => {
             if let Some(stale) = other {
                 stale.abort(&origins);
@@ -470,6 +477,35 @@ mod tests {
         assert!(part > 16 << 20 && part.is_multiple_of(1 << 20));
         assert!(big.div_ceil(part) <= PARTS_PER_UPLOAD_MAX);
         assert_eq!(part_bytes_for(&config, 5 << 40), 525 << 20);
+    }
+
+    fn route(url: &str) -> Arc<Route> {
+        Arc::new(Route {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            parts: None,
+            prefix: None,
+            write: super::super::WriteMode::Back,
+            revalidate: super::super::Revalidate::Immutable,
+            url: url.to_string(),
+            listing_sorted: true,
+            folder: None,
+            throttle: Throttle::default(),
+        })
+    }
+
+    #[test]
+    fn an_upload_goes_on_through_a_route_built_anew_for_the_same_origin() {
+        let begun = Begun {
+            route: route("s3://corp/data"),
+            path: Path::from("data/big"),
+            id: "upload-1".to_string(),
+            part_bytes: 16 << 20,
+            parts: vec![None; 3],
+        };
+        // A default-origin bucket's route is rebuilt once forgotten: another Arc, same origin.
+        assert!(begun.continues(&route("s3://corp/data"), &Path::from("data/big")));
+        assert!(!begun.continues(&route("s3://corp/other"), &Path::from("data/big")));
+        assert!(!begun.continues(&route("s3://corp/data"), &Path::from("data/small")));
     }
 
     #[test]

@@ -696,9 +696,11 @@ pub(crate) enum Completion {
 /// (a timeout, a broken connection, an error from an origin that had in fact finished it) is
 /// checked with a HEAD, so that an object already assembled is neither uploaded again nor its
 /// upload aborted: it counts as done when the origin's object has the upload's size and the
-/// ETag S3 gives a multipart object (the MD5 of its parts' MD5s, then `-` and their count), or,
-/// where the parts' ETags are not MD5s, the size alone once the origin has forgotten the upload.
-/// Any other failure leaves the upload open, to be completed again by the next attempt.
+/// ETag S3 gives a multipart object (the MD5 of its parts' MD5s, then `-` and their count).
+/// Where the parts' ETags are not MD5s (S3 with SSE-KMS or SSE-C, some compatible stores) the
+/// object cannot be told from an older one of the same size, so an upload the origin has
+/// forgotten starts over. Any other failure leaves the upload open, to be completed again by
+/// the next attempt.
 pub(crate) async fn complete_upload(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
@@ -715,12 +717,7 @@ pub(crate) async fn complete_upload(
     let gone = matches!(error, object_store::Error::NotFound { .. });
     origins.counters.heads.fetch_add(1, Ordering::Relaxed);
     if let Ok(meta) = route.store.head(&path).await {
-        let same = match (&expected, &meta.e_tag) {
-            (Some(expected), Some(etag)) => etag.trim_matches('"') == expected,
-            (Some(_), None) => false,
-            (None, _) => gone,
-        };
-        if meta.size == bytes && same {
+        if is_assembled(expected.as_deref(), bytes, meta.e_tag.as_deref(), meta.size) {
             log::info!(
                 "origin {}: the completion of {path} failed ({error}), but the object it makes is there",
                 route.url
@@ -753,6 +750,16 @@ pub(crate) async fn abort_upload(route: Arc<Route>, path: Path, id: MultipartId)
 
 /// The ETag S3 gives an object completed from `parts`: the MD5 of their MD5s (their ETags)
 /// and their count; `None` when a part's ETag is not an MD5 (other stores, encryption with KMS).
+/// Whether the origin's object (`etag`, `size`) is the one an upload of `bytes` whose parts make
+/// the multipart ETag `expected` assembles. Without an expected ETag nothing tells it from an
+/// older object of the same size: never.
+fn is_assembled(expected: Option<&str>, bytes: u64, etag: Option<&str>, size: u64) -> bool {
+    match (expected, etag) {
+        (Some(expected), Some(etag)) => size == bytes && etag.trim_matches('"') == expected,
+        _ => false,
+    }
+}
+
 fn multipart_etag(parts: &[PartId]) -> Option<String> {
     use md5::{Digest, Md5};
     let mut digests = Md5::new();
@@ -856,6 +863,34 @@ mod tests {
             store: "S3",
             source: message.into(),
         }
+    }
+
+    #[test]
+    fn an_assembled_upload_is_recognised_only_by_its_multipart_etag_and_size() {
+        let parts: Vec<PartId> = [
+            "5d41402abc4b2a76b9719d911017c592",
+            "7d793037a0760186574b0282f2f435e7",
+        ]
+        .iter()
+        .map(|md5| PartId {
+            content_id: format!("\"{md5}\""),
+        })
+        .collect();
+        let expected = multipart_etag(&parts).expect("MD5 part ETags");
+        assert!(expected.ends_with("-2"), "{expected}");
+        let quoted = format!("\"{expected}\"");
+        assert!(is_assembled(Some(&expected), 100, Some(&quoted), 100));
+        assert!(!is_assembled(Some(&expected), 100, Some(&quoted), 99));
+        assert!(!is_assembled(Some(&expected), 100, Some("\"0123-2\""), 100));
+        assert!(!is_assembled(Some(&expected), 100, None, 100));
+        // Parts whose ETags are not MD5s (SSE-KMS): an older object of the same size at the
+        // path is not taken for the upload's.
+        let opaque = [PartId {
+            content_id: "block-0001".to_string(),
+        }];
+        assert_eq!(multipart_etag(&opaque), None);
+        assert!(!is_assembled(None, 100, Some("\"older\""), 100));
+        assert!(!is_assembled(None, 100, None, 100));
     }
 
     #[test]
