@@ -16,6 +16,7 @@ does nothing.
 """
 
 import os
+import shutil
 import tempfile
 from typing import Any, Dict, List, Optional
 
@@ -196,12 +197,21 @@ class HydrantFileSystem(AbstractFileSystem):
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         if mode == "create" and self.exists(path):
             raise FileExistsError(path)
+        if self._intrans:
+            # Within a transaction the write waits for its commit, as an opened file does.
+            with self.open(path, "wb") as file:
+                file.write(value)
+            return
         self.client.put(self._strip_protocol(path), value)
         self.invalidate_cache(path)
 
     def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
         if os.path.isdir(lpath):
             return  # directories are prefixes: nothing to make
+        if self._intrans:
+            with open(lpath, "rb") as source, self.open(rpath, "wb") as file:
+                shutil.copyfileobj(source, file, GATHER_BYTES)
+            return
         self.client.put(self._strip_protocol(rpath), lpath)
         self.invalidate_cache(rpath)
 
@@ -255,7 +265,9 @@ class HydrantFile(AbstractBufferedFile):
     writes copied once, small ones joined into blocks of ``GATHER_BYTES``) up to the file
     system's ``write_spool_bytes``, beyond which they go on in a temporary file, and become one
     PUT on close: from where the gathered blocks lie, or streamed from the temporary file. A
-    ``with`` block left by an exception stores nothing."""
+    ``with`` block left by an exception stores nothing. Within the file system's
+    ``transaction`` (``autocommit=False``) the PUT waits for the transaction's commit, and a
+    transaction left by an exception stores none of its files."""
 
     def _fetch_range(self, start, end):
         if start >= end:
@@ -329,6 +341,19 @@ class HydrantFile(AbstractBufferedFile):
         # end; at the end, one PUT of everything, and the memory is let go whatever its outcome.
         if not final:
             return False
+        if not self.autocommit:
+            self._pending = True  # held until the transaction commits (or discards) the file
+            return True
+        self._store()
+        return True
+
+    def commit(self):
+        """Store what was written: a closed file of a transaction, once, unless discarded."""
+        if getattr(self, "_pending", False):
+            self._pending = False
+            self._store()
+
+    def _store(self):
         try:
             if self._spill is not None:
                 self._spill.seek(0)
@@ -341,10 +366,10 @@ class HydrantFile(AbstractBufferedFile):
         finally:
             self._release()
         self.fs.invalidate_cache(self.path)
-        return True
 
     def discard(self):
         """Drop what was written, storing nothing."""
+        self._pending = False
         if self.writable() and self.offset is not None:
             self._release()
         self.forced = True

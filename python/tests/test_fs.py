@@ -178,3 +178,46 @@ def test_put_takes_a_list_of_buffers_and_stores_them_one_after_another(server):
     assert client.get("fs-gather/list") == b"abcdef"
     client.put("fs-gather/tuple", (b"x" * (5 << 20), b"y"))
     assert client.get("fs-gather/tuple") == b"x" * (5 << 20) + b"y"
+
+
+def test_a_transaction_stores_its_files_at_commit_and_none_when_rolled_back(server, tmp_path):
+    filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True,
+                                   write_spool_bytes=4096)
+    client = server.client(retries=0)
+    client.put("fs-transaction/kept", b"the previous version")
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"from a local file")
+    # Left by an exception: none of its writes is stored, whichever way each was made.
+    with pytest.raises(RuntimeError):
+        with filesystem.transaction:
+            with filesystem.open("fs-transaction/kept", "wb") as file:
+                file.write(b"y" * 10_000)  # past the spool size: in a temporary file
+            filesystem.pipe_file("fs-transaction/piped", b"piped")
+            filesystem.put_file(str(local), "fs-transaction/put")
+            with pytest.raises(RuntimeError):
+                with filesystem.open("fs-transaction/failed", "wb") as failed:
+                    failed.write(b"part of it")
+                    raise RuntimeError("this file's writer failed")
+            assert client.get("fs-transaction/kept") == b"the previous version"
+            raise RuntimeError("the transaction failed")
+    assert client.get("fs-transaction/kept") == b"the previous version"
+    for key in ("piped", "put", "failed"):
+        with pytest.raises(hydrant.NotFound):
+            client.get(f"fs-transaction/{key}")
+    # Committed: each closed file once, nothing before the commit, the failed one never.
+    with filesystem.transaction:
+        with filesystem.open("fs-transaction/kept", "wb") as file:
+            file.write(b"z" * 10_000)
+        filesystem.pipe_file("fs-transaction/piped", b"piped")
+        filesystem.put_file(str(local), "fs-transaction/put")
+        with pytest.raises(RuntimeError):
+            with filesystem.open("fs-transaction/failed", "wb") as failed:
+                failed.write(b"part of it")
+                raise RuntimeError("this file's writer failed")
+        with pytest.raises(hydrant.NotFound):
+            client.get("fs-transaction/piped")
+    assert client.get("fs-transaction/kept") == b"z" * 10_000
+    assert client.get("fs-transaction/piped") == b"piped"
+    assert client.get("fs-transaction/put") == b"from a local file"
+    with pytest.raises(hydrant.NotFound):
+        client.get("fs-transaction/failed")
