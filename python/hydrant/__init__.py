@@ -17,6 +17,8 @@ sockets.
 import ctypes
 import io
 import os
+import shutil
+import tempfile
 import zlib
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -89,6 +91,8 @@ LIST_PAGE_MAX = 1000
 BATCH_ITEMS_MAX = 256
 #: BATCH_GET requests one ``batch_get`` keeps in flight at most.
 BATCHES_IN_FLIGHT = 4
+#: Bytes a PUT from a stream that cannot seek copies at a time into its temporary file.
+PUT_SPOOL_BLOCK_BYTES = 1 << 20
 #: How far a plan (:meth:`Client.plan`) reads ahead of its reader by default, in bytes.
 PLAN_WINDOW_BYTES = 256 << 20
 #: A plan none of whose keys is read for this long (seconds) ends, by default.
@@ -301,7 +305,8 @@ class Client:
         """Store ``data`` as the object: ``bytes`` or any buffer (stored from where it lies), a
         list or tuple of them (stored one after another, sent from where each ``bytes`` lies,
         never joined), a file object opened for binary reading (streamed from its position to
-        its end, never whole in memory), or a path (``str`` or ``os.PathLike``) of a file to
+        its end, never whole in memory; one that cannot seek, such as a pipe, is first copied
+        to a temporary file, since a PUT names its size first), or a path (``str`` or ``os.PathLike``) of a file to
         stream."""
         bucket, key = _split(path)
         if isinstance(data, bytes):
@@ -327,7 +332,9 @@ class Client:
         # and would force a SpooledTemporaryFile to disk).
         size = None
         try:
-            if file.seekable():
+            # Python 3.9 and 3.10's SpooledTemporaryFile seeks but has no seekable().
+            seekable = getattr(file, "seekable", None)
+            if seekable is None or seekable():
                 position = file.tell()
                 end = file.seek(0, io.SEEK_END)
                 file.seek(position)
@@ -336,8 +343,13 @@ class Client:
         except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
             size = None
         if size is None:
-            # Not seekable: its size is known only at its end.
-            return ObjectInfo(*self._native.put(bucket, key, bytes(file.read())))
+            # Not seekable (a pipe, a socket, a decompressing stream): its size is known only at
+            # its end, so it goes to a temporary file first, PUT_SPOOL_BLOCK_BYTES at a time.
+            with tempfile.TemporaryFile() as spool:
+                shutil.copyfileobj(file, spool, PUT_SPOOL_BLOCK_BYTES)
+                size = spool.tell()
+                spool.seek(0)
+                return ObjectInfo(*self._native.put_reader(bucket, key, spool, size))
         reader = file if hasattr(file, "readinto") else _ReadInto(file)
         return ObjectInfo(*self._native.put_reader(bucket, key, reader, size))
 

@@ -128,6 +128,33 @@ def test_put_takes_buffers_files_and_paths(tmp_path, client):
     assert client.get("pytest/put-read") == data
 
 
+def test_a_put_from_a_pipe_streams_it_without_holding_it_in_memory(client):
+    import tracemalloc
+
+    data = payload(6, 64 << 20)
+    reader, writer = os.pipe()
+
+    def feed():
+        with os.fdopen(writer, "wb") as sink:
+            sink.write(data)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    tracemalloc.start()
+    try:
+        with os.fdopen(reader, "rb") as pipe:
+            info = client.put("pytest/put-pipe", pipe)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        feeder.join()
+    assert info.size == len(data)
+    assert client.get("pytest/put-pipe") == data
+    # A pipe's size is known only at its end: it is copied to a temporary file a block at a
+    # time, never read whole (the data itself was allocated before tracing began).
+    assert peak < 8 << 20, f"{peak} bytes held by Python during the PUT"
+
+
 def test_list_pages_lazily_in_key_order(client):
     keys = [f"pytest-list/item-{index:05}" for index in range(2500)]
     for index, key in enumerate(keys):
