@@ -306,8 +306,8 @@ class Client:
         list or tuple of them (stored one after another, sent from where each ``bytes`` lies,
         never joined), a file object opened for binary reading (streamed from its position to
         its end, never whole in memory; one that cannot seek, such as a pipe, is first copied
-        to a temporary file, since a PUT names its size first), or a path (``str`` or ``os.PathLike``) of a file to
-        stream."""
+        to a temporary file, since a PUT names its size first), or a path (``str`` or
+        ``os.PathLike``) of a file to stream."""
         bucket, key = _split(path)
         if isinstance(data, bytes):
             return ObjectInfo(*self._native.put(bucket, key, data))

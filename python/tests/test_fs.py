@@ -180,6 +180,14 @@ def test_put_takes_a_list_of_buffers_and_stores_them_one_after_another(server):
     assert client.get("fs-gather/tuple") == b"x" * (5 << 20) + b"y"
 
 
+def write_and_fail(filesystem, key):
+    """Open `key` for writing, write part of it, and leave the `with` by an exception."""
+    with pytest.raises(RuntimeError):
+        with filesystem.open(key, "wb") as file:
+            file.write(b"part of it")
+            raise RuntimeError("this file's writer failed")
+
+
 def test_a_transaction_stores_its_files_at_commit_and_none_when_rolled_back(server, tmp_path):
     filesystem = HydrantFileSystem(servers=server.address, retries=0, skip_instance_cache=True,
                                    write_spool_bytes=4096)
@@ -194,10 +202,7 @@ def test_a_transaction_stores_its_files_at_commit_and_none_when_rolled_back(serv
                 file.write(b"y" * 10_000)  # past the spool size: in a temporary file
             filesystem.pipe_file("fs-transaction/piped", b"piped")
             filesystem.put_file(str(local), "fs-transaction/put")
-            with pytest.raises(RuntimeError):
-                with filesystem.open("fs-transaction/failed", "wb") as failed:
-                    failed.write(b"part of it")
-                    raise RuntimeError("this file's writer failed")
+            write_and_fail(filesystem, "fs-transaction/failed")
             assert client.get("fs-transaction/kept") == b"the previous version"
             raise RuntimeError("the transaction failed")
     assert client.get("fs-transaction/kept") == b"the previous version"
@@ -210,10 +215,7 @@ def test_a_transaction_stores_its_files_at_commit_and_none_when_rolled_back(serv
             file.write(b"z" * 10_000)
         filesystem.pipe_file("fs-transaction/piped", b"piped")
         filesystem.put_file(str(local), "fs-transaction/put")
-        with pytest.raises(RuntimeError):
-            with filesystem.open("fs-transaction/failed", "wb") as failed:
-                failed.write(b"part of it")
-                raise RuntimeError("this file's writer failed")
+        write_and_fail(filesystem, "fs-transaction/failed")
         with pytest.raises(hydrant.NotFound):
             client.get("fs-transaction/piped")
     assert client.get("fs-transaction/kept") == b"z" * 10_000
