@@ -14,6 +14,7 @@ mod key;
 pub mod origin;
 pub mod policy;
 pub mod rt;
+mod stamp;
 
 pub use error::{Error, ErrorKind, Result};
 mod engine;
@@ -35,4 +36,5 @@ pub use key::STAGED_BUCKET;
 pub use origin::{
     BucketOrigin, FailedUpload, OriginConfig, OriginStats, Revalidate, StoreSettings, WriteMode,
 };
+pub use stamp::{Md5Tag, Stamp};
 pub use store::{ByteRange, ObjectKey, ObjectMeta, ObjectRead, ShardStats};

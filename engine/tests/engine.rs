@@ -438,3 +438,82 @@ fn one_damaged_superblock_copy_is_survived() {
     let error = open_error(config(&path, 64 * MIB, 1, 4));
     assert_eq!(error.kind(), ErrorKind::ChecksumMismatch, "{error}");
 }
+
+/// What a version says of itself beside its bytes: the time it was written, and the MD5 tag its
+/// writer gave (from memory, or on a streamed put's last chunk). Both come back from HEAD, GET
+/// and LIST, and again after the store is reopened (recovery reads them from the headers).
+#[test]
+fn a_versions_time_and_md5_tag_come_back_after_reopening() {
+    use hydrant_engine::{Md5Tag, ObjectKey, Precondition};
+    let dir = TempDir::new("stamps");
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 256 * MIB, 2, 16)).unwrap();
+    let started = std::time::SystemTime::now();
+    let whole = Md5Tag::whole([0x5a; 16]);
+    let parts = Md5Tag {
+        digest: [0xc3; 16],
+        parts: 3,
+    };
+    let key = |name: &str| ObjectKey::new("data", name).unwrap();
+    block_on(engine.put_tagged(
+        key("tagged"),
+        pattern(1, 70_000),
+        Precondition::Any,
+        Some(whole),
+    ))
+    .unwrap();
+    block_on(engine.put("data", "untagged", pattern(2, 5_000))).unwrap();
+    // A streamed put of several chunks: the tag comes with the last one.
+    let streamed_bytes = 9 * MIB as usize + 4321;
+    let data = pattern(3, streamed_bytes);
+    let (sink, done) = engine
+        .put_stream_key(key("streamed"), streamed_bytes as u64, Precondition::Any)
+        .unwrap();
+    let done = std::thread::spawn(move || block_on(done));
+    let chunk_bytes = engine.chunk_bytes() as usize;
+    for (index, piece) in data.chunks(chunk_bytes).enumerate() {
+        let mut chunk = block_on(engine.streamed_chunk(piece.len()));
+        chunk.data.extend_from_slice(piece);
+        if (index + 1) * chunk_bytes >= streamed_bytes {
+            chunk.md5 = Some(parts);
+        }
+        assert!(block_on(sink.send(chunk)));
+    }
+    drop(sink);
+    done.join().unwrap().unwrap();
+    let finished = std::time::SystemTime::now();
+
+    let stamps = |engine: &Engine| {
+        ["streamed", "tagged", "untagged"].map(|name| {
+            let head = block_on(engine.head("data", name))
+                .unwrap()
+                .expect("stored");
+            let (got, _) = block_on(engine.get("data", name, None))
+                .unwrap()
+                .expect("stored");
+            assert_eq!(got.stamp, head.stamp, "{name}: GET and HEAD agree");
+            head.stamp
+        })
+    };
+    let before = stamps(&engine);
+    let listed: Vec<_> = block_on(engine.list("data", "", None, 10))
+        .unwrap()
+        .into_iter()
+        .map(|meta| meta.stamp)
+        .collect();
+    assert_eq!(listed, before, "LIST agrees");
+    assert_eq!(
+        before.map(|stamp| stamp.md5),
+        [Some(parts), Some(whole), None]
+    );
+    for stamp in before {
+        let written = stamp.modified().expect("a time is kept");
+        assert!(
+            written >= started - std::time::Duration::from_millis(1) && written <= finished,
+            "{stamp:?} is the time of the write"
+        );
+    }
+    engine.close();
+    let engine = Engine::open(config(&path, 256 * MIB, 2, 16)).unwrap();
+    assert_eq!(stamps(&engine), before, "the same after reopening");
+}

@@ -37,6 +37,27 @@ fn boto3_serves_every_object_and_bucket_operation() {
     run_script("boto3_objects.py", &endpoint);
 }
 
+/// ETags and Last-Modified as S3 makes them (MD5s, the write's time), from every answer, and
+/// the same after the server is killed (SIGKILL) and started again on its data file.
+#[test]
+fn boto3_sees_md5_etags_and_write_times_that_survive_a_crash() {
+    let scratch = Scratch::new("s3-metadata");
+    let state = scratch.path().join("seen.json");
+    let state = state.to_str().expect("a UTF-8 path");
+    let mut server =
+        ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    run_script_with(
+        "boto3_metadata.py",
+        &["write", &server.s3_endpoint(), state],
+    );
+    server.kill();
+    let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    run_script_with(
+        "boto3_metadata.py",
+        &["check", &server.s3_endpoint(), state],
+    );
+}
+
 /// s3torchconnector (the AWS connector for PyTorch, on the CRT), unchanged: its map and
 /// iterable datasets over 1,000 objects, a DataLoader with workers, and S3Checkpoint.
 #[test]

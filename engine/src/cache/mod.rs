@@ -24,6 +24,7 @@ use crate::origin::remote::{self, Condition, Fetch};
 use crate::origin::writeback::{Upload, Uploader, WriteBack};
 use crate::origin::{OriginVersion, Origins, Revalidate, Route, ShardOrigin, WriteMode};
 use crate::rt::sync::WaitQueue;
+use crate::stamp::{Md5Tag, Stamp};
 use crate::store::{
     resolve_range, ByteRange, DirectGet, DirectRead, ObjectKey, ObjectMeta, ObjectRead, Store,
     StoredVersion,
@@ -80,6 +81,7 @@ fn from_memory(
         bytes: version.bytes,
         seq: version.seq,
         dirty: version.dirty,
+        stamp: version.stamp,
         start: range.start,
         data: memory.narrowed(range.start as usize..range.end as usize),
         from_origin: false,
@@ -109,6 +111,8 @@ pub struct CacheRead {
     /// The version on NVMe (0 for data straight from the origin).
     pub seq: u64,
     pub dirty: bool,
+    /// When the version was written and its MD5 tag, as far as they are known.
+    pub stamp: Stamp,
     /// Offset in the object of the first byte of `data`.
     pub start: u64,
     pub data: Vec<u8>,
@@ -275,6 +279,8 @@ pub struct PartsRead {
     pub bytes: u64,
     pub seq: u64,
     pub dirty: bool,
+    /// See `CacheRead::stamp`.
+    pub stamp: Stamp,
     /// Offset in the object of the first byte of `data`.
     pub start: u64,
     pub data: ReadData,
@@ -292,6 +298,7 @@ impl PartsRead {
             bytes: read.bytes,
             seq: read.seq,
             dirty: read.dirty,
+            stamp: read.stamp,
             start: read.start,
             copied_bytes: read.data.len() as u64,
             data: ReadData::Owned(read.data),
@@ -306,6 +313,7 @@ impl PartsRead {
             bytes: self.bytes,
             seq: self.seq,
             dirty: self.dirty,
+            stamp: self.stamp,
             start: self.start,
             data,
             from_origin: self.from_origin,

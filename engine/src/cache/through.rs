@@ -87,8 +87,11 @@ impl Cache {
                 let read = answer(&version, 0, &data, range)?;
                 let _guard = self.locks.lock(key).await;
                 if stored_seq(&self.store, key) == Some(seq) && watch.unchanged() {
+                    let stamp = version.stamp();
                     origin.reads.remember(key, version);
-                    self.store.put(key.clone(), &data, false).await?;
+                    self.store
+                        .put_stamped(key.clone(), &data, false, stamp)
+                        .await?;
                 }
                 Ok(Revalidated::Replaced(read))
             }
@@ -164,6 +167,7 @@ impl Cache {
                 bytes: version.bytes,
                 seq: 0,
                 dirty: false,
+                stamp: version.stamp(),
                 start,
                 data: Vec::new(),
                 from_origin: false,
@@ -249,6 +253,7 @@ impl Cache {
             bytes: version.bytes,
             seq: 0,
             dirty: false,
+            stamp: version.stamp(),
             start,
             data,
             from_origin,
@@ -407,6 +412,7 @@ impl Cache {
             bytes: version.bytes,
             seq: 0,
             dirty: false,
+            stamp: version.stamp(),
         }))
     }
 
@@ -484,6 +490,7 @@ pub(super) fn answer(
         bytes: version.bytes,
         seq: 0,
         dirty: false,
+        stamp: version.stamp(),
         start,
         data: slice.to_vec(),
         from_origin: true,
@@ -543,7 +550,7 @@ impl Admission<'_> {
             }
             self.reads.remember(self.key, version.clone());
             self.store
-                .put(self.key.clone(), data, false)
+                .put_stamped(self.key.clone(), data, false, version.stamp())
                 .await
                 .map(|_| ())
         } else {

@@ -46,22 +46,25 @@ impl Cache {
     /// has it), or refused (read-only). A staged key is stored on NVMe only and pinned (kept
     /// like dirty data, never uploaded) until it is deleted.
     /// With a `precondition` other than `Any`, the write happens only if the key is as it
-    /// requires (else PreconditionFailed, and nothing is written).
+    /// requires (else PreconditionFailed, and nothing is written). `md5`: the version's MD5 tag,
+    /// where the writer computed one (S3 answers it as the ETag).
     pub async fn put(
         &self,
         key: ObjectKey,
         data: Vec<u8>,
         precondition: Precondition,
+        md5: Option<Md5Tag>,
     ) -> Result<ObjectMeta> {
+        let stamp = Stamp::now_with(md5);
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             let pinned = key.is_staged();
             if precondition == Precondition::Any {
-                return self.store.put(key, &data, pinned).await;
+                return self.store.put_stamped(key, &data, pinned, stamp).await;
             }
             let _guard = self.locks.lock(&key).await;
             self.check_precondition(&key, precondition).await?;
-            return self.store.put(key, &data, pinned).await;
+            return self.store.put_stamped(key, &data, pinned, stamp).await;
         };
         // From now until the answer, origin reads of the key are not admitted.
         let _change = origin.reads.change(&key);
@@ -89,9 +92,20 @@ impl Cache {
                         ))
                         .await?
                 };
-                match self.store.put(key.clone(), &data, false).await {
+                match self
+                    .store
+                    .put_stamped(key.clone(), &data, false, stamp)
+                    .await
+                {
                     Ok(meta) => {
-                        origin.reads.remember(&key, OriginVersion { bytes, etag });
+                        origin.reads.remember(
+                            &key,
+                            OriginVersion {
+                                bytes,
+                                etag,
+                                modified_ms: 0,
+                            },
+                        );
                         Ok(meta)
                     }
                     Err(error) => {
@@ -110,6 +124,7 @@ impl Cache {
                             bytes,
                             seq: 0,
                             dirty: false,
+                            stamp,
                         })
                     }
                 }
@@ -122,7 +137,11 @@ impl Cache {
                     origin.origins.release_dirty(bytes);
                     return Err(error);
                 }
-                match self.store.put(key.clone(), &data, true).await {
+                match self
+                    .store
+                    .put_stamped(key.clone(), &data, true, stamp)
+                    .await
+                {
                     Ok(meta) => {
                         self.forget_refused(origin, &key);
                         origin.writes.enqueue(Upload::new(key, meta.seq, bytes));
@@ -226,6 +245,9 @@ impl Cache {
                         put.chunk_len(chunk)
                     ),
                 ));
+            }
+            if let Some(md5) = chunk_data.md5 {
+                put.set_md5(md5);
             }
             put.write_chunk(data).await?;
             // The chunk's memory (and its room in the node's bound) goes back now.

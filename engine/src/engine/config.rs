@@ -193,12 +193,7 @@ impl Layout {
 
     pub(super) fn check(&self) -> Result<()> {
         let checksums = self.chunk_bytes.div_ceil(self.crc_block_bytes) as usize;
-        let header_room = (BLOCK_BYTES
-            - 112
-            - 4
-            - crate::format::BUCKET_BYTES_MAX
-            - crate::format::KEY_BYTES_MAX)
-            / 4;
+        let header_room = crate::format::CRC_COUNT_MAX;
         if checksums > header_room {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,

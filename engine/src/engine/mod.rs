@@ -14,6 +14,7 @@ use crate::origin::{FailedUpload, OriginConfig, OriginStats, Origins};
 use crate::rt::channel;
 use crate::rt::ReactorConfig;
 use crate::shard::{self, Message, ShardHandle, ShardPlan};
+use crate::stamp::Md5Tag;
 use crate::store::{ByteRange, Geometry, ObjectKey, ObjectMeta, ShardStats};
 use crate::{Error, ErrorKind, Result};
 
@@ -327,6 +328,7 @@ impl EngineHandle {
             {
                 return Some(StreamedChunk {
                     data: Vec::with_capacity(bytes as usize),
+                    md5: None,
                     held: self.streamed_bytes.clone(),
                     bytes,
                 });
@@ -464,10 +466,21 @@ impl EngineHandle {
         data: Vec<u8>,
         precondition: Precondition,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
+        self.put_tagged(key, data, precondition, None)
+    }
+
+    /// `put_key` of a version whose MD5 tag the writer computed (S3's ETag of it).
+    pub fn put_tagged(
+        &self,
+        key: ObjectKey,
+        data: Vec<u8>,
+        precondition: Precondition,
+        md5: Option<Md5Tag>,
+    ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
         let call = self.check_object_bytes(data.len() as u64).map(|()| {
             let shard = self.shard_of(&key);
             self.on_shard(shard, move |cache| async move {
-                cache.put(key, data, precondition).await
+                cache.put(key, data, precondition, md5).await
             })
         });
         async move { call?.await }
@@ -552,6 +565,7 @@ impl EngineHandle {
                     bytes: read.bytes,
                     seq: read.seq,
                     dirty: read.dirty,
+                    stamp: read.stamp,
                 };
                 ((meta, read.data), read.origin_version)
             }))
@@ -576,6 +590,7 @@ impl EngineHandle {
                     bytes: read.bytes,
                     seq: read.seq,
                     dirty: read.dirty,
+                    stamp: read.stamp,
                 };
                 let (data, _) = read.data.into_shared();
                 ((meta, data), read.origin_version)
@@ -686,9 +701,18 @@ impl EngineHandle {
                     let after = after.clone();
                     self.on_shard(shard, move |cache| async move {
                         Ok(if with_origin {
-                            cache.dirty_listing(&prefix_key, after.as_ref(), limit)
+                            // What is not at the origin yet, and the clean copies here (which
+                            // say of an object what the origin's listing may not: the MD5
+                            // tag and the time it was written through this node).
+                            let dirty = cache.dirty_listing(&prefix_key, after.as_ref(), limit);
+                            let mut clean = cache.store().list(&prefix_key, after.as_ref(), limit);
+                            clean.retain(|meta| !meta.dirty);
+                            (dirty, clean)
                         } else {
-                            cache.store().list(&prefix_key, after.as_ref(), limit)
+                            (
+                                cache.store().list(&prefix_key, after.as_ref(), limit),
+                                Vec::new(),
+                            )
                         })
                     })
                 })
@@ -709,21 +733,31 @@ impl EngineHandle {
         let bucket = bucket.to_string();
         async move {
             let mut merged: Vec<ObjectMeta> = Vec::new();
+            let mut clean: std::collections::HashMap<String, ObjectMeta> = Default::default();
             for call in calls? {
-                merged.extend(call.await?);
+                let (listed, copies) = call.await?;
+                merged.extend(listed);
+                clean.extend(copies.into_iter().map(|meta| (meta.key.clone(), meta)));
             }
             if let Some(listing) = origin_list? {
                 let local: std::collections::HashSet<String> =
                     merged.iter().map(|meta| meta.key.clone()).collect();
-                for (key, bytes) in listing.await? {
-                    if !local.contains(&key) {
-                        merged.push(ObjectMeta {
+                for (key, version) in listing.await? {
+                    if local.contains(&key) {
+                        continue;
+                    }
+                    // The origin lists it: a clean copy of its size here is what HEAD and GET
+                    // answer, so LIST answers it too.
+                    match clean.remove(&key) {
+                        Some(copy) if copy.bytes == version.bytes => merged.push(copy),
+                        _ => merged.push(ObjectMeta {
                             bucket: bucket.clone(),
                             key,
-                            bytes,
+                            bytes: version.bytes,
                             seq: 0,
                             dirty: false,
-                        });
+                            stamp: version.stamp(),
+                        }),
                     }
                 }
             }

@@ -17,13 +17,17 @@
 //!     24    8 seq                 object version: per-shard sequence number of the put/delete
 //!     32    8 region_seq          the region header this entry was written under
 //!     40    8 object_bytes        size of the whole object version (clean, void: the seq it marks)
-//!     48   64 etag                origin ETag (etag_len bytes used)
+//!     48   64 etag                the version's MD5 tag (etag_len bytes used: 0 = none, or 18 =
+//!                                 16-byte MD5 digest, then u16 part count, 0 = whole object)
 //!    112    . bucket, then key, then crc_count little-endian u32 CRC32C of the data pieces
+//!   4084    8 modified_ms         when the version was written, ms since the Unix epoch
+//!                                 (0 = not known; a store written before it was kept)
 //!   4092    4 crc32c of bytes 0..4092
 //! ```
 //! Data starts at the next block and is padded with zeros to a multiple of 4 KiB.
 
 use super::*;
+use crate::stamp::Md5Tag;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"HENT");
 const MAGIC_OFFSET: usize = 0;
@@ -42,9 +46,12 @@ const OBJECT_BYTES_OFFSET: usize = REGION_SEQ_OFFSET + 8;
 const ETAG_OFFSET: usize = OBJECT_BYTES_OFFSET + 8;
 const NAMES_OFFSET: usize = ETAG_OFFSET + ETAG_BYTES_MAX;
 const _: () = assert!(NAMES_OFFSET == 112);
+/// At the end of the block, so that headers written before it was kept read as 0 (their
+/// bytes there are the zeros after the last checksum).
+const MODIFIED_OFFSET: usize = CHECKSUM_OFFSET - 8;
 /// The most data checksums a header has room for beside the longest bucket and key.
 pub(crate) const CRC_COUNT_MAX: usize =
-    (CHECKSUM_OFFSET - NAMES_OFFSET - BUCKET_BYTES_MAX - KEY_BYTES_MAX) / 4;
+    (MODIFIED_OFFSET - NAMES_OFFSET - BUCKET_BYTES_MAX - KEY_BYTES_MAX) / 4;
 const _: () = assert!(CRC_COUNT_MAX >= 256);
 
 pub const ENTRY_FLAG_DIRTY: u8 = 1;
@@ -71,7 +78,11 @@ pub struct EntryHeader {
     pub seq: u64,
     pub region_seq: u64,
     pub object_bytes: u64,
-    pub etag: Vec<u8>,
+    /// The version's MD5 tag, on a chunk (the last chunk of a streamed put: only then is it
+    /// known).
+    pub md5: Option<Md5Tag>,
+    /// When the version was written (chunks), ms since the Unix epoch; 0 where not known.
+    pub modified_ms: u64,
     pub bucket: Vec<u8>,
     pub key: Vec<u8>,
     pub data_crcs: Vec<u32>,
@@ -89,7 +100,8 @@ impl EntryHeader {
             seq: 0,
             region_seq,
             object_bytes: 0,
-            etag: Vec::new(),
+            md5: None,
+            modified_ms: 0,
             bucket: Vec::new(),
             key: Vec::new(),
             data_crcs: Vec::new(),
@@ -105,14 +117,15 @@ impl EntryHeader {
         assert_eq!(block.len(), BLOCK_BYTES);
         assert!(self.bucket.len() <= BUCKET_BYTES_MAX);
         assert!(self.key.len() <= KEY_BYTES_MAX);
-        assert!(self.etag.len() <= ETAG_BYTES_MAX);
         assert!(self.data_crcs.len() <= CRC_COUNT_MAX);
         block.fill(0);
         put_u32(block, MAGIC_OFFSET, MAGIC);
         block[KIND_OFFSET] = self.kind as u8;
         block[FLAGS_OFFSET] = self.flags;
         block[BUCKET_LEN_OFFSET] = self.bucket.len() as u8;
-        block[ETAG_LEN_OFFSET] = self.etag.len() as u8;
+        let md5 = self.md5.map(|tag| tag.encode());
+        let etag: &[u8] = md5.as_ref().map_or(&[], |tag| &tag[..]);
+        block[ETAG_LEN_OFFSET] = etag.len() as u8;
         put_u16(block, KEY_LEN_OFFSET, self.key.len() as u16);
         put_u16(block, CRC_COUNT_OFFSET, self.data_crcs.len() as u16);
         put_u32(block, CHUNK_INDEX_OFFSET, self.chunk_index);
@@ -121,7 +134,8 @@ impl EntryHeader {
         put_u64(block, SEQ_OFFSET, self.seq);
         put_u64(block, REGION_SEQ_OFFSET, self.region_seq);
         put_u64(block, OBJECT_BYTES_OFFSET, self.object_bytes);
-        block[ETAG_OFFSET..ETAG_OFFSET + self.etag.len()].copy_from_slice(&self.etag);
+        block[ETAG_OFFSET..ETAG_OFFSET + etag.len()].copy_from_slice(etag);
+        put_u64(block, MODIFIED_OFFSET, self.modified_ms);
         let mut offset = NAMES_OFFSET;
         block[offset..offset + self.bucket.len()].copy_from_slice(&self.bucket);
         offset += self.bucket.len();
@@ -185,7 +199,9 @@ impl EntryHeader {
             seq: get_u64(block, SEQ_OFFSET),
             region_seq: get_u64(block, REGION_SEQ_OFFSET),
             object_bytes: get_u64(block, OBJECT_BYTES_OFFSET),
-            etag: block[ETAG_OFFSET..ETAG_OFFSET + etag_len].to_vec(),
+            // A tag of another length (none was ever written) is no tag.
+            md5: Md5Tag::decode(&block[ETAG_OFFSET..ETAG_OFFSET + etag_len]),
+            modified_ms: get_u64(block, MODIFIED_OFFSET),
             bucket,
             key,
             data_crcs,
@@ -212,7 +228,11 @@ mod tests {
             seq: 77,
             region_seq: 9,
             object_bytes: 8_538_000,
-            etag: b"\"abc\"".to_vec(),
+            md5: Some(Md5Tag {
+                digest: [7; 16],
+                parts: 3,
+            }),
+            modified_ms: 1_764_000_000_123,
             bucket: b"datasets".to_vec(),
             key: "shards/train-0001.tar".as_bytes().to_vec(),
             data_crcs: data_checksums(&data, 65536),

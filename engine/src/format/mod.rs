@@ -12,6 +12,7 @@ mod entry;
 mod region;
 mod superblock;
 
+pub(crate) use entry::CRC_COUNT_MAX;
 pub use entry::{EntryHeader, EntryKind, ENTRY_FLAG_DIRTY};
 pub use region::RegionHeader;
 pub use superblock::{Superblock, SuperblockProblem};

@@ -399,6 +399,7 @@ mod tests {
                             version: OriginVersion {
                                 bytes: 1 << 40,
                                 etag: None,
+                                modified_ms: 0,
                             },
                             start: 0,
                             data: bytes::Bytes::from(vec![0u8; READ_BYTES as usize]),

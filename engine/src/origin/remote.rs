@@ -18,11 +18,38 @@ use object_store::{
 use super::{OriginConfig, OriginCounters, Route, StoreSettings};
 use crate::{Error, ErrorKind, Result};
 
-/// What the origin says an object is: its size and ETag.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the origin says an object is: its size and ETag, and when it was written there.
+#[derive(Clone, Debug)]
 pub struct OriginVersion {
     pub bytes: u64,
     pub etag: Option<String>,
+    /// Milliseconds since the Unix epoch; 0 where the answer did not say (a write's).
+    pub modified_ms: u64,
+}
+
+/// Versions are the same by size and ETag; the time is what an answer said of the version,
+/// not part of what it is (a write's answer does not say it, a HEAD's does).
+impl PartialEq for OriginVersion {
+    fn eq(&self, other: &OriginVersion) -> bool {
+        self.bytes == other.bytes && self.etag == other.etag
+    }
+}
+
+impl Eq for OriginVersion {}
+
+impl OriginVersion {
+    /// What a copy of this version says of itself: the origin's time (or now, where it is
+    /// not known) and its ETag where that is an MD5 tag (S3's are).
+    pub fn stamp(&self) -> crate::Stamp {
+        crate::Stamp {
+            modified_ms: if self.modified_ms != 0 {
+                self.modified_ms
+            } else {
+                crate::stamp::now_ms()
+            },
+            md5: self.etag.as_deref().and_then(crate::Md5Tag::parse),
+        }
+    }
 }
 
 /// The answer to a read from the origin.
@@ -400,6 +427,7 @@ pub(crate) async fn fetch(
     let version = OriginVersion {
         bytes: result.meta.size,
         etag: result.meta.e_tag.clone(),
+        modified_ms: crate::stamp::ms_of(result.meta.last_modified.into()),
     };
     let start = result.range.start;
     let wanted = if range.is_some() {
@@ -485,6 +513,7 @@ pub(crate) async fn head(
         Ok(meta) => Ok(Some(OriginVersion {
             bytes: meta.size,
             etag: meta.e_tag,
+            modified_ms: crate::stamp::ms_of(meta.last_modified.into()),
         })),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(error) if names_nothing(&error) => Ok(None),
@@ -798,7 +827,7 @@ pub(crate) async fn delete(
     }
 }
 
-/// Up to `limit` objects under `prefix` after the key `start_after`, as (key, size), in key
+/// Up to `limit` objects under `prefix` after the key `start_after`, as (key, version), in key
 /// order.
 pub(crate) async fn list(
     origins: Arc<super::Origins>,
@@ -806,7 +835,7 @@ pub(crate) async fn list(
     prefix: String,
     start_after: Option<String>,
     limit: usize,
-) -> Result<Vec<(String, u64)>> {
+) -> Result<Vec<(String, OriginVersion)>> {
     origins.counters.lists.fetch_add(1, Ordering::Relaxed);
     // object_store lists by whole path segments; list the segment-aligned parent and filter
     // on the key prefix.
@@ -831,7 +860,12 @@ pub(crate) async fn list(
             continue;
         };
         if key.starts_with(&prefix) && start_after.as_ref().is_none_or(|after| &key > after) {
-            found.push((key, meta.size));
+            let version = OriginVersion {
+                bytes: meta.size,
+                etag: meta.e_tag,
+                modified_ms: crate::stamp::ms_of(meta.last_modified.into()),
+            };
+            found.push((key, version));
         } else if route.listing_sorted
             && key.as_str() > prefix.as_str()
             && !key.starts_with(&prefix)
@@ -852,7 +886,7 @@ pub(crate) async fn list(
         }
     }
     // Not every store lists in key order (a local folder does not).
-    found.sort();
+    found.sort_by(|left, right| left.0.cmp(&right.0));
     found.truncate(limit);
     Ok(found)
 }

@@ -290,6 +290,7 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
                     OriginVersion {
                         bytes: upload.bytes,
                         etag,
+                        modified_ms: 0,
                     },
                 );
             }

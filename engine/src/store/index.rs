@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use crate::key::split_joined;
 pub use crate::key::ObjectKey;
+pub use crate::stamp::Stamp;
 
 /// Where one chunk's entry lives: a region of this shard and a block within it, plus the
 /// CRC32C of the chunk's first data piece (the whole data for small chunks, which are then read
@@ -64,6 +65,8 @@ pub struct ObjectRecord {
     pub bytes: u64,
     pub flags: u8,
     pub chunks: Chunks,
+    /// When it was written, and its MD5 tag if the writer gave one.
+    pub stamp: Stamp,
 }
 
 impl ObjectRecord {
@@ -86,6 +89,8 @@ pub struct ObjectMeta {
     pub seq: u64,
     /// Not yet written back to the origin.
     pub dirty: bool,
+    /// When the version was written and its MD5 tag (as far as they are known).
+    pub stamp: Stamp,
 }
 
 impl ObjectMeta {
@@ -106,6 +111,7 @@ impl ObjectMeta {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
+            stamp: record.stamp,
         }
     }
 }
@@ -116,6 +122,7 @@ pub struct StoredVersion {
     pub bytes: u64,
     pub seq: u64,
     pub dirty: bool,
+    pub stamp: Stamp,
 }
 
 /// A joined key as the index holds it: one allocation, shared by the hash map and the ordered
@@ -325,6 +332,7 @@ mod tests {
                 bytes: 3,
                 flags: 0,
                 chunks: Chunks::One(location),
+                stamp: Stamp::default(),
             };
             index.install(ObjectKey::new(bucket, key).unwrap(), record);
         }
@@ -355,6 +363,7 @@ mod tests {
                 block: 1,
                 first_crc: 0,
             }),
+            stamp: Stamp::default(),
         }
     }
 
@@ -413,6 +422,7 @@ mod tests {
             bytes: 1,
             flags: 0,
             chunks: Chunks::One(location(region)),
+            stamp: Stamp::default(),
         };
         index.install(ObjectKey::new("b", "k").unwrap(), record(3, 1));
         index.assert_recovered(&[false, true], 16, 4);

@@ -26,6 +26,7 @@ use crate::buf::{align_up, Arena, ArenaInfo, ExternalBuf, IoBuf};
 use crate::format::{data_checksums, EntryHeader, EntryKind, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
 use crate::rt::op::{read_at, read_at_external, read_vectored_at, sync_data, write_at, FileRef};
 use crate::rt::sync::{Section, WaitQueue};
+use crate::stamp::{Md5Tag, Stamp};
 use crate::{Error, ErrorKind, Result};
 
 use commit::{Commit, CommitStep};
@@ -108,6 +109,7 @@ pub struct ObjectRead {
     pub bytes: u64,
     pub seq: u64,
     pub dirty: bool,
+    pub stamp: Stamp,
     /// Offset in the object of the first byte returned.
     pub start: u64,
     pub parts: Vec<ReadPart>,
@@ -121,6 +123,7 @@ impl ObjectRead {
             bytes: self.bytes,
             seq: self.seq,
             dirty: self.dirty,
+            stamp: self.stamp,
         }
     }
 
@@ -444,6 +447,7 @@ impl Store {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
+            stamp: record.stamp,
         })
     }
 
@@ -455,6 +459,7 @@ impl Store {
                 bytes: record.bytes,
                 seq: record.seq,
                 dirty: record.dirty(),
+                stamp: record.stamp,
             }
         })
     }
@@ -494,7 +499,8 @@ impl Store {
             seq: 0,
             region_seq: 0,
             object_bytes: seq,
-            etag: Vec::new(),
+            md5: None,
+            modified_ms: 0,
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),

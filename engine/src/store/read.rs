@@ -269,6 +269,7 @@ impl Store {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
+            stamp: record.stamp,
             start,
             parts,
         }))

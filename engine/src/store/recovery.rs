@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::format::{EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
 use crate::rt::op::read_at;
+use crate::stamp::Stamp;
 use crate::Result;
 
 use super::index::{Chunks, Index, Location, ObjectKey, ObjectRecord, RECORD_FLAG_DIRTY};
@@ -22,6 +23,8 @@ struct Candidate {
     seq: u64,
     bytes: u64,
     dirty: bool,
+    /// From the last chunk's header (a streamed put's MD5 tag is known only there).
+    stamp: Stamp,
     chunks: Vec<Option<Location>>,
 }
 
@@ -83,6 +86,7 @@ impl IndexBuilder {
                             seq: header.seq,
                             bytes: header.object_bytes,
                             dirty: header.flags & ENTRY_FLAG_DIRTY != 0,
+                            stamp: Stamp::default(),
                             chunks: vec![None; chunk_count as usize],
                         });
                         history.versions.last_mut().expect("just pushed")
@@ -91,6 +95,12 @@ impl IndexBuilder {
                 if version.bytes != header.object_bytes {
                     self.inconsistent += 1;
                     return;
+                }
+                if header.chunk_index as u64 + 1 == chunk_count {
+                    version.stamp = Stamp {
+                        modified_ms: header.modified_ms,
+                        md5: header.md5,
+                    };
                 }
                 // Regions are scanned oldest first, so a relocated copy replaces the original.
                 version.chunks[header.chunk_index as usize] = Some(Location {
@@ -138,6 +148,7 @@ impl IndexBuilder {
                             0
                         },
                         chunks: Chunks::from_vec(locations),
+                        stamp: version.stamp,
                     },
                 );
             }
@@ -316,7 +327,8 @@ mod tests {
             seq,
             region_seq: 1,
             object_bytes,
-            etag: Vec::new(),
+            md5: None,
+            modified_ms: 0,
             bucket: b"b".to_vec(),
             key: b"k".to_vec(),
             data_crcs: Vec::new(),

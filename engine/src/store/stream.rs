@@ -13,6 +13,9 @@ use super::*;
 /// dropped.
 pub struct StreamedChunk {
     pub data: Vec<u8>,
+    /// The version's MD5 tag, on the last chunk of a put whose writer computed one (it is
+    /// known only once every byte has come).
+    pub md5: Option<Md5Tag>,
     pub(crate) held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) bytes: u64,
 }
@@ -30,6 +33,8 @@ pub struct PutStream {
     key: ObjectKey,
     object_bytes: u64,
     dirty: bool,
+    /// Its time (when it began) and, once the writer gives it, its MD5 tag.
+    stamp: Stamp,
     chunk_count: usize,
     /// The operation's seq, once its first chunk is placed.
     seq: Option<u64>,
@@ -55,6 +60,7 @@ impl Store {
             key,
             object_bytes,
             dirty,
+            stamp: Stamp::now(),
             chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as usize,
             seq: None,
             placed: Vec::new(),
@@ -90,6 +96,12 @@ impl PutStream {
         self.chunk_count
     }
 
+    /// The version's MD5 tag, given before its last chunk is written (whose header carries it:
+    /// the bytes of a streamed put are known only once they have all come).
+    pub fn set_md5(&mut self, md5: Md5Tag) {
+        self.stamp.md5 = Some(md5);
+    }
+
     /// Chunks written so far.
     pub fn chunks_written(&self) -> usize {
         self.placed.len()
@@ -107,8 +119,16 @@ impl PutStream {
         );
         let store = self.store.clone();
         let _writing = store.streamed_writes.acquire().await;
+        let stamp = if chunk + 1 == self.chunk_count {
+            self.stamp
+        } else {
+            Stamp {
+                md5: None,
+                ..self.stamp
+            }
+        };
         let mut header =
-            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data);
+            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
         let buf = store.entry_buffer(&header, data);
         let place = match self.seq {
             None => {
@@ -157,7 +177,14 @@ impl PutStream {
         let result = match result {
             Ok(()) => {
                 let locations = self.placed.iter().map(|entry| entry.location).collect();
-                Ok(store.install_put(&self.key, seq, self.object_bytes, self.dirty, locations))
+                Ok(store.install_put(
+                    &self.key,
+                    seq,
+                    self.object_bytes,
+                    self.dirty,
+                    locations,
+                    self.stamp,
+                ))
             }
             Err(error) => Err(store.void(&self.key, seq, error).await),
         };

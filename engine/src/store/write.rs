@@ -7,6 +7,17 @@ impl Store {
     /// Store `data` as the new version of `key`; returns once it is durable on the device.
     /// `dirty` pins it until it is written back to the origin.
     pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
+        self.put_stamped(key, data, dirty, Stamp::now()).await
+    }
+
+    /// `put` of a version that says `stamp` of itself (its time, its MD5 tag).
+    pub async fn put_stamped(
+        &self,
+        key: ObjectKey,
+        data: &[u8],
+        dirty: bool,
+        stamp: Stamp,
+    ) -> Result<ObjectMeta> {
         self.writable()?;
         self.check_object_bytes(data.len() as u64)?;
         let chunk_bytes = self.geometry.chunk_bytes as usize;
@@ -15,13 +26,14 @@ impl Store {
             .map(|chunk| {
                 let piece = &data[(chunk * chunk_bytes).min(data.len())
                     ..((chunk + 1) * chunk_bytes).min(data.len())];
-                let header = self.new_chunk_entry(&key, chunk, data.len() as u64, dirty, piece);
+                let header =
+                    self.new_chunk_entry(&key, chunk, data.len() as u64, dirty, piece, stamp);
                 (header, piece)
             })
             .collect();
         let meta = self
             .write_operation(&key, entries, Versioned::Yes, |seq, locations| {
-                self.install_put(&key, seq, data.len() as u64, dirty, locations)
+                self.install_put(&key, seq, data.len() as u64, dirty, locations, stamp)
             })
             .await?;
         self.count(|counters| {
@@ -59,6 +71,7 @@ impl Store {
         object_bytes: u64,
         dirty: bool,
         piece: &[u8],
+        stamp: Stamp,
     ) -> EntryHeader {
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         EntryHeader {
@@ -70,7 +83,8 @@ impl Store {
             seq: 0,
             region_seq: 0,
             object_bytes,
-            etag: Vec::new(),
+            md5: stamp.md5,
+            modified_ms: stamp.modified_ms,
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
@@ -86,12 +100,14 @@ impl Store {
         object_bytes: u64,
         dirty: bool,
         locations: Vec<Location>,
+        stamp: Stamp,
     ) -> ObjectMeta {
         let record = ObjectRecord {
             seq,
             bytes: object_bytes,
             flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
             chunks: Chunks::from_vec(locations),
+            stamp,
         };
         let meta = ObjectMeta::of(key, &record);
         if seq > self.pending.borrow()[key].newest_finished {
@@ -132,7 +148,8 @@ impl Store {
             seq: 0,
             region_seq: 0,
             object_bytes: 0,
-            etag: Vec::new(),
+            md5: None,
+            modified_ms: 0,
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),
@@ -255,7 +272,8 @@ impl Store {
             seq: 0,
             region_seq: 0,
             object_bytes: seq,
-            etag: Vec::new(),
+            md5: None,
+            modified_ms: 0,
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),

@@ -478,7 +478,7 @@ pub(super) async fn respond(
             }
             let key = object_key(&request.name)?;
             let meta = on_owner(connection, &key.clone(), move |cache| async move {
-                cache.put(key, payload, Precondition::Any).await
+                cache.put(key, payload, Precondition::Any, None).await
             })
             .await
             .map_err(engine_failure)?;

@@ -238,6 +238,15 @@ where
 }
 
 impl BodyCheck {
+    /// This check, computing the body's MD5 too (the ETag of an object stored from it).
+    pub(super) fn with_md5(mut self) -> BodyCheck {
+        use s3s::crypto::Checksum as _;
+        if self.md5.is_none() {
+            self.md5 = Some((s3s::crypto::Md5::new(), None));
+        }
+        self
+    }
+
     /// A check already made, carrying the checksums it verified.
     pub(super) fn empty(sums: Checksum) -> BodyCheck {
         BodyCheck {

@@ -13,7 +13,7 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
 use super::errors::s3_error as engine_error;
-use super::objects::{etag_of, last_modified, Gateway};
+use super::objects::{etag_of, last_modified, last_modified_of, Gateway};
 
 /// Keys one listing answers at most (S3's limit, and its default).
 const LIST_KEYS_MAX: usize = 1000;
@@ -183,13 +183,14 @@ fn wants_url(encoding: &Option<EncodingType>) -> bool {
 }
 
 fn object_of(meta: ObjectMeta, url: bool) -> Object {
+    let modified = last_modified_of(&meta);
     Object {
-        // Every entry has one (SDKs require it); an object listed from the origin has no
-        // version here, and its ETag says so.
-        e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
+        // Every entry has one (SDKs require it); an object listed from the origin whose
+        // origin gave no MD5 tag has no version here, and its ETag says so.
+        e_tag: Some(etag_of(&meta, 0)),
         key: Some(encoded(meta.key, url)),
         size: Some(meta.bytes as i64),
-        last_modified: Some(last_modified()),
+        last_modified: Some(modified),
         storage_class: Some(ObjectStorageClass::from_static(
             ObjectStorageClass::STANDARD,
         )),

@@ -26,13 +26,15 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hydrant_engine::{ObjectKey as StoreKey, ObjectMeta, Precondition, LIST_LIMIT_MAX};
+use hydrant_engine::{Md5Tag, ObjectKey as StoreKey, ObjectMeta, Precondition, LIST_LIMIT_MAX};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result};
 
 use super::body::{announced_bytes, checksum_of, request_body, BodyCheck, Trailers, Verified};
 use super::errors::s3_error as engine_error;
-use super::objects::{check_source_conditions, chunk_stream, etag_of, last_modified, Gateway};
+use super::objects::{
+    check_source_conditions, chunk_stream, etag_of, last_modified, last_modified_of, Gateway,
+};
 
 /// Uploads in progress on this node at most (all buckets); CreateMultipartUpload answers
 /// SlowDown beyond, until some complete or are aborted.
@@ -480,7 +482,7 @@ impl Gateway {
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
         let (_, Verified { sums, md5 }) = self
-            .store(staged(&data_key)?, bytes, body, check, trailers)
+            .store(staged(&data_key)?, bytes, body, check, trailers, None)
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
@@ -539,7 +541,7 @@ impl Gateway {
             .await?;
         let (meta, tag, body, resolved) = self.read(source_bucket, source_key, range).await?;
         check_source_conditions(
-            &etag_of(meta.seq, tag, meta.bytes),
+            &etag_of(&meta, tag),
             input.copy_source_if_match.as_ref(),
             input.copy_source_if_none_match.as_ref(),
         )?;
@@ -574,6 +576,7 @@ impl Gateway {
             .unwrap_or_default();
         let chosen = choose_parts(&self.staged_parts(&upload.id).await?, &named)?;
         let total: u64 = chosen.iter().map(StagedPart::bytes).sum();
+        let md5 = multipart_tag(&chosen);
         let target = Self::key_of(&input.bucket, &input.key)?;
         let gateway = self.clone();
         let bucket = input.bucket.clone();
@@ -583,7 +586,7 @@ impl Gateway {
             let body = gateway.parts_body(&chosen);
             let check = BodyCheck::empty(Checksum::default());
             let (meta, _) = gateway
-                .store(target, total, body.boxed(), check, &Trailers::None)
+                .store(target, total, body.boxed(), check, &Trailers::None, md5)
                 .await?;
             // The object is stored: a staged key left behind is garbage, not a failed upload.
             if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {
@@ -595,7 +598,7 @@ impl Gateway {
             Ok(CompleteMultipartUploadOutput {
                 bucket: Some(bucket),
                 key: Some(key),
-                e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
+                e_tag: Some(etag_of(&meta, 0)),
                 ..Default::default()
             })
         };
@@ -682,7 +685,11 @@ impl Gateway {
                         part_number: Some(part.number as i32),
                         e_tag: part.md5.clone().map(ETag::Strong),
                         size: Some(part.bytes() as i64),
-                        last_modified: Some(last_modified()),
+                        last_modified: Some(
+                            part.data
+                                .as_ref()
+                                .map_or_else(last_modified, last_modified_of),
+                        ),
                         ..Default::default()
                     })
                     .collect(),
@@ -790,6 +797,21 @@ fn parse_upload_record(bucket: &str, id: &str, record: &[u8]) -> Option<Upload> 
 
 /// The staged parts a Complete names, in its order: each by number and ETag, in ascending
 /// order, every one but the last at least `PART_BYTES_MIN`.
+/// S3's ETag of an object assembled from `parts`: the MD5 of their MD5 digests, one after the
+/// other, and their count (`None` if a part's MD5 is not known, which a whole part's always is).
+fn multipart_tag(parts: &[StagedPart]) -> Option<Md5Tag> {
+    use s3s::crypto::Checksum as _;
+    let mut md5 = s3s::crypto::Md5::new();
+    for part in parts {
+        let tag = Md5Tag::parse(part.md5.as_deref()?)?;
+        md5.update(&tag.digest);
+    }
+    Some(Md5Tag {
+        digest: md5.finalize(),
+        parts: u16::try_from(parts.len()).ok()?,
+    })
+}
+
 fn choose_parts(
     staged: &BTreeMap<u32, Vec<StagedPart>>,
     named: &[CompletedPart],
@@ -906,6 +928,7 @@ mod tests {
             bytes,
             seq,
             dirty: true,
+            stamp: Default::default(),
         }
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hydrant_engine::{ByteRange, EngineHandle, ObjectKey as StoreKey, ObjectMeta, Precondition};
+use hydrant_engine::{
+    ByteRange, EngineHandle, Md5Tag, ObjectKey as StoreKey, ObjectMeta, Precondition,
+};
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
@@ -48,10 +50,15 @@ impl Gateway {
     }
 }
 
-/// The ETag of a version: its shard's sequence number (or, for bytes straight from the
-/// origin, the tag of the origin version) and its size. It changes whenever the object does,
-/// and stays the same across restarts while the version is on NVMe.
-pub(crate) fn etag_of(seq: u64, origin_version: u64, bytes: u64) -> ETag {
+/// The ETag of a version: its MD5 tag where it has one (S3's ETag: an object written through
+/// this endpoint, or read from an S3 origin). Else its shard's sequence number (or, for bytes
+/// straight from the origin, the tag of the origin version) and its size: it changes whenever
+/// the object does, and stays the same across restarts while the version is on NVMe.
+pub(crate) fn etag_of(meta: &ObjectMeta, origin_version: u64) -> ETag {
+    if let Some(md5) = meta.stamp.md5 {
+        return ETag::Strong(md5.to_string());
+    }
+    let (seq, bytes) = (meta.seq, meta.bytes);
     if seq != 0 {
         ETag::Strong(format!("{seq:x}-{bytes:x}"))
     } else {
@@ -59,9 +66,67 @@ pub(crate) fn etag_of(seq: u64, origin_version: u64, bytes: u64) -> ETag {
     }
 }
 
-/// hydrant does not keep modification times: answers say the time of the answer.
+/// When the version was written, to the second (HTTP dates have no finer unit, and LIST and
+/// HEAD must agree for tools that compare times); `None` where the store does not know (a
+/// version written by a build that kept no times).
+pub(crate) fn modified_of(meta: &ObjectMeta) -> Option<Timestamp> {
+    meta.stamp.modified().map(|time| {
+        let seconds = time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        Timestamp::from(std::time::UNIX_EPOCH + Duration::from_secs(seconds))
+    })
+}
+
+/// The Last-Modified of a version: when it was written, or the time of the answer where that
+/// is not known.
+pub(crate) fn last_modified_of(meta: &ObjectMeta) -> Timestamp {
+    modified_of(meta).unwrap_or_else(last_modified)
+}
+
+/// The time of the answer (of a bucket, a part, or a version of unknown time).
 pub(crate) fn last_modified() -> Timestamp {
     Timestamp::from(std::time::SystemTime::now())
+}
+
+/// What a stored version is held to, and says of itself.
+pub(super) struct Terms {
+    /// Checked on the key's shard just before the install.
+    pub precondition: Precondition,
+    /// The version's MD5 tag where it is known before the body is (an assembled multipart
+    /// upload's); else the MD5 the body's check computes, if it computes one.
+    pub md5: Option<Md5Tag>,
+}
+
+/// A read's conditions, as HTTP orders them (RFC 9110): If-Match, else If-Unmodified-Since
+/// (412 when it fails); then If-None-Match, else If-Modified-Since (304). Conditions on time
+/// hold where the version's time is not known.
+fn check_read_conditions(
+    etag: &ETag,
+    modified: Option<&Timestamp>,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
+) -> S3Result<()> {
+    if if_match.is_some() {
+        check_if_match(if_match, etag)?;
+    } else if let (Some(since), Some(modified)) = (if_unmodified_since, modified) {
+        if modified > since {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "the object was modified after the If-Unmodified-Since time"
+            ));
+        }
+    }
+    if if_none_match.is_some() {
+        check_if_none_match(if_none_match, etag)?;
+    } else if let (Some(since), Some(modified)) = (if_modified_since, modified) {
+        if modified <= since {
+            return Err(s3_error!(NotModified));
+        }
+    }
+    Ok(())
 }
 
 /// 412 unless `condition` matches `etag` (If-Match).
@@ -253,15 +318,21 @@ impl Gateway {
         body: S,
         check: BodyCheck,
         trailers: &Trailers,
+        md5: Option<Md5Tag>,
     ) -> S3Result<(ObjectMeta, Verified)>
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
     {
-        self.store_if(key, bytes, body, check, trailers, Precondition::Any)
+        let terms = Terms {
+            precondition: Precondition::Any,
+            md5,
+        };
+        self.store_if(key, bytes, body, check, trailers, terms)
             .await
     }
 
-    /// `store` on a precondition, checked on the key's shard just before the install.
+    /// `store` on `terms`: a precondition, checked on the key's shard just before the install,
+    /// and the version's MD5 tag.
     pub(super) async fn store_if<S>(
         &self,
         key: StoreKey,
@@ -269,11 +340,12 @@ impl Gateway {
         body: S,
         mut check: BodyCheck,
         trailers: &Trailers,
-        precondition: Precondition,
+        terms: Terms,
     ) -> S3Result<(ObjectMeta, Verified)>
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
     {
+        let Terms { precondition, md5 } = terms;
         let mut pieces = Pieces::new(body);
         let chunk_bytes = self.engine.chunk_bytes();
         let short = |got: u64| {
@@ -295,10 +367,11 @@ impl Gateway {
                 return Err(long(bytes));
             }
             let sums = check.finish(trailers)?;
+            let tag = md5.or(sums.md5.map(Md5Tag::whole));
             let data = std::mem::take(&mut room.data);
             let meta = self
                 .engine
-                .put_key(key, data, precondition)
+                .put_tagged(key, data, precondition, tag)
                 .await
                 .map_err(engine_error)?;
             drop(room);
@@ -334,6 +407,7 @@ impl Gateway {
                             .finish(trailers)
                         {
                             Ok(verified) => {
+                                chunk.md5 = md5.or(verified.md5.map(Md5Tag::whole));
                                 sums = Some(verified);
                                 Ok(())
                             }
@@ -454,9 +528,16 @@ impl S3 for Gateway {
             ));
         }
         let (meta, tag, body, range) = self.read(&input.bucket, &input.key, input.range).await?;
-        let etag = etag_of(meta.seq, tag, meta.bytes);
-        check_if_match(input.if_match.as_ref(), &etag)?;
-        check_if_none_match(input.if_none_match.as_ref(), &etag)?;
+        let etag = etag_of(&meta, tag);
+        let modified = modified_of(&meta);
+        check_read_conditions(
+            &etag,
+            modified.as_ref(),
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        )?;
         let (length, content_range) = match &range {
             Some(range) => (
                 range.end - range.start,
@@ -475,7 +556,7 @@ impl S3 for Gateway {
             content_range,
             accept_ranges: Some("bytes".to_string()),
             e_tag: Some(etag),
-            last_modified: Some(last_modified()),
+            last_modified: Some(modified.unwrap_or_else(last_modified)),
             parts_count: input.part_number.map(|_| 1),
             ..Default::default()
         };
@@ -493,18 +574,26 @@ impl S3 for Gateway {
             .await
             .map_err(engine_error)?
             .ok_or_else(|| no_such_key(&input.bucket, &input.key))?;
-        let etag = etag_of(meta.seq, 0, meta.bytes);
-        // A HEAD of an object not on NVMe has no version yet: conditions compare with what a
-        // GET would answer only once it is. Its ETag says so (SDKs require one).
-        if meta.seq != 0 {
-            check_if_match(input.if_match.as_ref(), &etag)?;
-            check_if_none_match(input.if_none_match.as_ref(), &etag)?;
+        let etag = etag_of(&meta, 0);
+        let modified = modified_of(&meta);
+        // A HEAD of an object not on NVMe whose origin gave no MD5 tag has no version yet:
+        // conditions compare with what a GET would answer only once it is. Its ETag says so
+        // (SDKs require one).
+        if meta.seq != 0 || meta.stamp.md5.is_some() {
+            check_read_conditions(
+                &etag,
+                modified.as_ref(),
+                input.if_match.as_ref(),
+                input.if_none_match.as_ref(),
+                input.if_modified_since.as_ref(),
+                input.if_unmodified_since.as_ref(),
+            )?;
         }
         let output = HeadObjectOutput {
             content_length: Some(meta.bytes as i64),
             accept_ranges: Some("bytes".to_string()),
             e_tag: Some(etag),
-            last_modified: Some(last_modified()),
+            last_modified: Some(modified.unwrap_or_else(last_modified)),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -543,7 +632,7 @@ impl S3 for Gateway {
                 let Some(found) = &found else {
                     return Err(no_such_key(&input.bucket, &input.key));
                 };
-                check_if_match(Some(condition), &etag_of(found.seq, 0, found.bytes))?;
+                check_if_match(Some(condition), &etag_of(found, 0))?;
                 if found.seq != 0 {
                     precondition = Precondition::Version(found.seq);
                 }
@@ -559,14 +648,24 @@ impl S3 for Gateway {
                 &input.checksum_sha1,
                 &input.checksum_sha256,
             ),
-            false,
+            true,
         )?;
         let key = Self::key_of(&input.bucket, &input.key)?;
         let (meta, Verified { sums, .. }) = self
-            .store_if(key, bytes, body, check, &trailers, precondition)
+            .store_if(
+                key,
+                bytes,
+                body,
+                check,
+                &trailers,
+                Terms {
+                    precondition,
+                    md5: None,
+                },
+            )
             .await?;
         let output = PutObjectOutput {
-            e_tag: Some(etag_of(meta.seq, 0, meta.bytes)),
+            e_tag: Some(etag_of(&meta, 0)),
             checksum_crc32: sums.checksum_crc32,
             checksum_crc32c: sums.checksum_crc32c,
             checksum_crc64nvme: sums.checksum_crc64nvme,
@@ -652,11 +751,13 @@ impl S3 for Gateway {
             self.copy_source(&input.copy_source, req.credentials.as_ref())?;
         let (meta, tag, body, _) = self.read(source_bucket, source_key, None).await?;
         check_source_conditions(
-            &etag_of(meta.seq, tag, meta.bytes),
+            &etag_of(&meta, tag),
             input.copy_source_if_match.as_ref(),
             input.copy_source_if_none_match.as_ref(),
         )?;
-        let check = BodyCheck::empty(Checksum::default());
+        // The copy's ETag is the MD5 of its bytes, as a PUT's (S3's, for a copy of a
+        // multipart object too).
+        let check = BodyCheck::empty(Checksum::default()).with_md5();
         let (stored, _) = self
             .store(
                 Self::key_of(&input.bucket, &input.key)?,
@@ -664,12 +765,13 @@ impl S3 for Gateway {
                 body.boxed(),
                 check,
                 &Trailers::None,
+                None,
             )
             .await?;
         let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(etag_of(stored.seq, 0, stored.bytes)),
-                last_modified: Some(last_modified()),
+                e_tag: Some(etag_of(&stored, 0)),
+                last_modified: Some(last_modified_of(&stored)),
                 ..Default::default()
             }),
             ..Default::default()

@@ -123,12 +123,23 @@ def read_phase():
         origin.put_object(Bucket=origin_bucket, Key=origin_key(key), Body=contents(seed, size))
     for key, (seed, size) in READ.items():
         data = contents(seed, size)
-        assert hydrant.head_object(Bucket=bucket, Key=key)["ContentLength"] == size, key
+        # What the origin says of the object, hydrant says too: its ETag (S3's MD5) and time,
+        # before the object is cached and after.
+        at_origin = origin.head_object(Bucket=origin_bucket, Key=origin_key(key))
+        said = (at_origin["ETag"], at_origin["LastModified"])
+        head = hydrant.head_object(Bucket=bucket, Key=key)
+        assert head["ContentLength"] == size, key
+        assert (head["ETag"], head["LastModified"]) == said, (key, head, said)
         # Ranges first, while the object is cold (only the chunks touched come from the
         # origin), then the whole object, then the ranges again from what is cached.
         check_ranges(key, data)
         check_whole(key, data)
         check_ranges(key, data)
+        got = hydrant.get_object(Bucket=bucket, Key=key)
+        got["Body"].read()
+        assert (got["ETag"], got["LastModified"]) == said, (key, got, said)
+        listed = hydrant.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"]
+        assert [(o["ETag"], o["LastModified"]) for o in listed] == [said], (key, listed, said)
     assert error_code(lambda: hydrant.get_object(Bucket=bucket, Key="read/missing")) == "NoSuchKey"
     expected = sorted((key, size) for key, (_, size) in READ.items())
     assert hydrant_listing("read/") == expected, hydrant_listing("read/")
