@@ -214,12 +214,18 @@ fn the_aws_cli_copies_a_gigabyte_in_parts_syncs_lists_and_removes() {
 
     // sync: every file once, then only what changed.
     let files = ["tree/one.txt", "tree/a/two.txt", "tree/a/b/three.bin"];
+    // Written a minute ago: S3 keeps times to the second, so a file written in the second of its
+    // upload looks newer than its object to the CLI (as it does against S3 itself).
+    let a_minute_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
     for (index, name) in files.iter().enumerate() {
-        write_generated(
-            &local.join(name),
-            100 + index as u64,
-            1000 * (index as u64 + 1),
-        );
+        let path = local.join(name);
+        write_generated(&path, 100 + index as u64, 1000 * (index as u64 + 1));
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(a_minute_ago)
+            .unwrap();
     }
     let tree = local.join("tree");
     let synced = checked(
@@ -293,6 +299,22 @@ fn the_aws_cli_copies_a_gigabyte_in_parts_syncs_lists_and_removes() {
             "{name} came back different"
         );
     }
+    // Again: nothing to copy, since the objects' times are their writes' (which the CLI gave
+    // the files it wrote), not the time of the listing.
+    let nothing = checked(
+        "aws s3 sync (download again)",
+        aws(
+            &endpoint,
+            &[
+                "s3",
+                "sync",
+                "--no-progress",
+                "s3://cli-bucket/tree",
+                down.to_str().unwrap(),
+            ],
+        ),
+    );
+    assert_eq!(nothing.matches("download:").count(), 0, "{nothing}");
 
     let removed = checked(
         "aws s3 rm --recursive",

@@ -66,7 +66,37 @@ pub struct ObjectRecord {
     pub flags: u8,
     pub chunks: Chunks,
     /// When it was written, and its MD5 tag if the writer gave one.
-    pub stamp: Stamp,
+    pub stamp: PackedStamp,
+}
+
+/// A `Stamp` as the index holds it: the time in milliseconds as 48 bits (S3 lists times to the
+/// millisecond, and sync tools compare them with files' times), held in 4- and 2-byte halves so
+/// that the record keeps 4-byte alignment and no padding beside the tag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PackedStamp {
+    modified_low: u32,
+    modified_high: u16,
+    md5: Option<crate::stamp::Md5Tag>,
+}
+
+impl From<Stamp> for PackedStamp {
+    fn from(stamp: Stamp) -> PackedStamp {
+        let ms = stamp.modified_ms.min((1 << 48) - 1);
+        PackedStamp {
+            modified_low: ms as u32,
+            modified_high: (ms >> 32) as u16,
+            md5: stamp.md5,
+        }
+    }
+}
+
+impl From<PackedStamp> for Stamp {
+    fn from(packed: PackedStamp) -> Stamp {
+        Stamp {
+            modified_ms: u64::from(packed.modified_high) << 32 | u64::from(packed.modified_low),
+            md5: packed.md5,
+        }
+    }
 }
 
 impl ObjectRecord {
@@ -111,7 +141,7 @@ impl ObjectMeta {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
-            stamp: record.stamp,
+            stamp: record.stamp.into(),
         }
     }
 }
@@ -332,7 +362,7 @@ mod tests {
                 bytes: 3,
                 flags: 0,
                 chunks: Chunks::One(location),
-                stamp: Stamp::default(),
+                stamp: PackedStamp::default(),
             };
             index.install(ObjectKey::new(bucket, key).unwrap(), record);
         }
@@ -363,7 +393,7 @@ mod tests {
                 block: 1,
                 first_crc: 0,
             }),
-            stamp: Stamp::default(),
+            stamp: PackedStamp::default(),
         }
     }
 
@@ -422,7 +452,7 @@ mod tests {
             bytes: 1,
             flags: 0,
             chunks: Chunks::One(location(region)),
-            stamp: Stamp::default(),
+            stamp: PackedStamp::default(),
         };
         index.install(ObjectKey::new("b", "k").unwrap(), record(3, 1));
         index.assert_recovered(&[false, true], 16, 4);
@@ -650,5 +680,29 @@ mod tests {
                 assert_eq!(listed, expected, "prefix {prefix:?} at step {step}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod size {
+    use super::PackedStamp;
+    use crate::stamp::{Md5Tag, Stamp};
+
+    #[test]
+    fn a_packed_stamp_keeps_milliseconds_and_the_tag() {
+        let stamp = Stamp {
+            modified_ms: 1_796_000_000_123,
+            md5: Some(Md5Tag {
+                digest: [7; 16],
+                parts: 3,
+            }),
+        };
+        assert_eq!(Stamp::from(PackedStamp::from(stamp)), stamp);
+    }
+
+    #[test]
+    fn a_record_stays_within_its_budget() {
+        // The index's cost per object (docs/architecture.md): each byte here is one per object.
+        assert!(std::mem::size_of::<super::ObjectRecord>() <= 72);
     }
 }

@@ -447,7 +447,7 @@ impl Store {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
-            stamp: record.stamp,
+            stamp: record.stamp.into(),
         })
     }
 
@@ -459,7 +459,7 @@ impl Store {
                 bytes: record.bytes,
                 seq: record.seq,
                 dirty: record.dirty(),
-                stamp: record.stamp,
+                stamp: record.stamp.into(),
             }
         })
     }

@@ -269,7 +269,7 @@ impl Store {
             bytes: record.bytes,
             seq: record.seq,
             dirty: record.dirty(),
-            stamp: record.stamp,
+            stamp: record.stamp.into(),
             start,
             parts,
         }))

@@ -148,7 +148,7 @@ impl IndexBuilder {
                             0
                         },
                         chunks: Chunks::from_vec(locations),
-                        stamp: version.stamp,
+                        stamp: version.stamp.into(),
                     },
                 );
             }

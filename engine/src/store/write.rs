@@ -107,7 +107,7 @@ impl Store {
             bytes: object_bytes,
             flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
             chunks: Chunks::from_vec(locations),
-            stamp,
+            stamp: stamp.into(),
         };
         let meta = ObjectMeta::of(key, &record);
         if seq > self.pending.borrow()[key].newest_finished {
