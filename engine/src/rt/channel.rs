@@ -113,7 +113,8 @@ impl<T> Sender<T> {
     }
 
     fn pushed(&self) {
-        self.shared.receiver_waker.wake();
+        // At once, or with the other sends of this thread's turn (rt::batched).
+        super::batched::wake(&self.shared.receiver_waker);
         // The receiver may have closed between our check and the push, after draining: drop
         // what is queued so that nothing waits on a reply that will never come.
         if self.shared.receiver_closed.load(Ordering::SeqCst) {

@@ -14,9 +14,13 @@
 //!   the kernel fills the shard's provided buffers as bytes arrive, with no submission per
 //!   request. A receive that leaves `STREAM_BUFFERS_UNREAD_MAX` buffers unread is cancelled, one
 //!   that finds none free ends, and its connection goes on with a plain receive.
+//! - A thread outside the shards whose tasks are [`batched::Batched`] wakes a shard once per
+//!   turn of its own, not once per message (so that a shard sharing its core does not preempt
+//!   it for every request).
 //! - [`fault`] is a faulty device for tests (failed, torn and lost writes, failed reads and
 //!   flushes, a device that stops); with no plan installed, device operations pass it by.
 
+pub mod batched;
 pub mod channel;
 mod executor;
 pub mod fault;

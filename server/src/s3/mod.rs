@@ -151,6 +151,17 @@ impl S3Counters {
     }
 }
 
+/// Spawn one of the endpoint's tasks on its runtime: the shards it sends to are woken once per
+/// turn of the thread, not once per message (`hydrant_engine::rt::batched`), so that a shard on
+/// the same core does not preempt the endpoint for each request.
+pub(crate) fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(hydrant_engine::rt::batched::Batched::new(task))
+}
+
 /// A running S3 endpoint.
 pub struct S3Endpoint {
     address: SocketAddr,
@@ -184,6 +195,10 @@ impl S3Endpoint {
                 }
             })
             .thread_name("hydrant-s3")
+            // The shards' wake-ups held back by this thread's tasks (`spawn`) go before it
+            // sleeps.
+            .on_thread_park(hydrant_engine::rt::batched::wake_batched)
+            .on_thread_stop(hydrant_engine::rt::batched::wake_batched)
             .enable_io()
             .enable_time()
             .build()
@@ -204,7 +219,7 @@ impl S3Endpoint {
                 }
                 runtime.block_on(async move {
                     if let Some(sweeper) = sweeper {
-                        tokio::spawn(async move { sweeper.expire_uploads_forever().await });
+                        spawn(async move { sweeper.expire_uploads_forever().await });
                     }
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => accept(listener, service, stopped, open).await,
@@ -295,7 +310,7 @@ async fn accept(
         S3_COUNTERS.connections.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        tokio::spawn(async move {
+        spawn(async move {
             let handler = hyper::service::service_fn(move |request| {
                 let service = service.clone();
                 async move {

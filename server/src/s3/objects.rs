@@ -191,7 +191,7 @@ pub(super) fn chunk_stream(
     version: (u64, u64),
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
     let (chunks, received) = tokio::sync::mpsc::channel(GET_CHUNKS_AHEAD);
-    tokio::spawn(async move {
+    super::spawn(async move {
         let chunk = engine.chunk_bytes();
         let mut next = next;
         while next < end {
@@ -381,7 +381,7 @@ impl Gateway {
             .engine
             .put_stream_key(key, bytes, precondition)
             .map_err(engine_error)?;
-        let done = tokio::spawn(done);
+        let done = super::spawn(done);
         let mut sent = 0u64;
         let mut outcome = Ok(());
         let mut sums = None;
