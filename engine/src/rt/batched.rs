@@ -3,11 +3,17 @@
 //! A thread outside the shards (the S3 endpoint's) that sends a shard a message wakes it at
 //! once; where the two share a core the woken shard preempts the sender, answers one request,
 //! sleeps, and the sender runs again: two context switches per request. Inside [`Batched`]
-//! the sends of a thread keep the receivers' wakers instead, and the thread wakes them in one
-//! go when it is about to sleep ([`wake_batched`], a runtime's park hook), once
-//! [`BATCHED_MESSAGES_MAX`] messages wait, or after a poll once the oldest has waited
-//! [`BATCHED_WAIT_MAX`]. So a shard gets the requests of a whole turn of the sender at once,
-//! and no message waits longer than that bound plus one task's poll.
+//! every send of the thread into an `rt::channel` (a shard's inbox, a streamed PUT's chunks)
+//! keeps the receiver's waker instead, and the thread wakes them in one go when it is about to
+//! sleep ([`wake_batched`], a runtime's park hook), or when the outermost [`Batched`] poll
+//! returns with [`BATCHED_MESSAGES_MAX`] sends held or the oldest held [`BATCHED_WAIT_MAX`].
+//! So a shard gets the requests of a whole turn of the sender at once.
+//!
+//! The bound on a held send's wait (the wait bound plus one task's poll) holds where every task
+//! of the runtime is [`Batched`] (checks run after their polls), and a [`Batched`] task must not
+//! block its thread on a shard's answer other than through `rt::block_on` (which wakes what it
+//! holds before it parks): a thread that never sleeps through its runtime's park would hold its
+//! sends for good.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -17,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
 
-/// Messages a thread holds back before it wakes their receivers anyway.
+/// Sends a thread holds back before it wakes their receivers anyway (checked when the outermost
+/// [`Batched`] poll returns, so one poll may hold more).
 pub const BATCHED_MESSAGES_MAX: usize = 32;
 
 /// How long the oldest held-back message may wait, checked after each poll of a [`Batched`]
@@ -41,35 +48,55 @@ thread_local! {
 /// A receiver's wake-up after a send: now, or held back while a [`Batched`] future of this
 /// thread is being polled.
 pub(crate) fn wake(receiver: &AtomicWaker) {
-    let held = HELD.with(|held| {
+    // `try_with`: a send from a thread whose locals are being torn down wakes at once.
+    let held = HELD.try_with(|held| {
         let mut held = held.borrow_mut();
         if !held.active {
-            return false;
-        }
-        if let Some(waker) = receiver.take() {
-            if !held.wakers.iter().any(|kept| kept.will_wake(&waker)) {
-                held.wakers.push(waker);
-            }
+            return (false, None);
         }
         held.messages += 1;
         held.since.get_or_insert_with(Instant::now);
-        true
+        match receiver.take() {
+            Some(waker) if held.wakers.iter().any(|kept| kept.will_wake(&waker)) => {
+                // Dropped once the borrow is over: a waker's drop may run other code.
+                (true, Some(waker))
+            }
+            Some(waker) => {
+                held.wakers.push(waker);
+                (true, None)
+            }
+            None => (true, None),
+        }
     });
-    if !held {
-        receiver.wake();
+    match held {
+        Ok((true, duplicate)) => drop(duplicate),
+        _ => receiver.wake(),
     }
 }
 
 /// Wake every receiver this thread held back. A runtime whose tasks are [`Batched`] calls it
-/// before its threads sleep (tokio's `on_thread_park`) and when they stop.
+/// before its threads sleep (tokio's `on_thread_park`) and when they stop; `rt::block_on` calls
+/// it before it parks its thread.
 pub fn wake_batched() {
-    let wakers = HELD.with(|held| {
+    let Ok(wakers) = HELD.try_with(|held| {
         let mut held = held.borrow_mut();
         held.messages = 0;
         held.since = None;
         std::mem::take(&mut held.wakers)
-    });
-    for waker in wakers {
+    }) else {
+        return;
+    };
+    // The rest are woken even if one waker's wake panics.
+    struct WakeRest(std::vec::IntoIter<Waker>);
+    impl Drop for WakeRest {
+        fn drop(&mut self) {
+            for waker in self.0.by_ref() {
+                waker.wake();
+            }
+        }
+    }
+    let mut rest = WakeRest(wakers.into_iter());
+    for waker in rest.0.by_ref() {
         waker.wake();
     }
 }
@@ -203,6 +230,42 @@ mod tests {
             1,
             "woken once the oldest was too old"
         );
+    }
+
+    #[test]
+    fn a_block_on_inside_a_batched_poll_wakes_what_it_holds_before_it_parks() {
+        let (inbox, requests) =
+            crate::rt::channel::bounded::<(u64, crate::rt::channel::OneshotSender<u64>)>(4);
+        let shard = crate::rt::start_thread(
+            "batched-block-on".into(),
+            None,
+            crate::rt::ReactorConfig::default(),
+            move || async move {
+                while let Some((value, reply)) = requests.recv().await {
+                    reply.send(value + 1);
+                }
+            },
+        )
+        .unwrap();
+        // Let the shard go to sleep on its empty inbox first.
+        std::thread::sleep(Duration::from_millis(50));
+        let (done, answered) = std::sync::mpsc::channel();
+        let caller = std::thread::spawn(move || {
+            let mut call = Batched::new(std::future::poll_fn(|_| {
+                Poll::Ready(crate::rt::block_on(async {
+                    let (reply, answer) = crate::rt::channel::oneshot();
+                    assert!(inbox.send((41, reply)).await.is_ok());
+                    answer.await.unwrap()
+                }))
+            }));
+            let _ = done.send(poll_once(&mut call));
+        });
+        let answer = answered
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the shard got the message held back by a block_on");
+        assert_eq!(answer, Poll::Ready(42));
+        caller.join().unwrap();
+        shard.join().unwrap();
     }
 
     #[test]

@@ -312,6 +312,8 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
             return output;
         }
+        // What this thread held back (rt::batched) must not wait for it to wake.
+        super::batched::wake_batched();
         while !thread_waker.woken.swap(false, Ordering::Acquire) {
             std::thread::park();
         }
