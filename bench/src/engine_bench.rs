@@ -63,7 +63,7 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Put `count` objects, `key(index)` holding `value(index)`, FILL_DEPTH at a time.
-async fn fill_shard(
+pub(crate) async fn fill_shard(
     store: Rc<Store>,
     count: usize,
     key: fn(usize) -> ObjectKey,
@@ -327,7 +327,7 @@ pub struct IndexMemoryArgs {
     objects: usize,
 }
 
-fn dataset_object_key(index: usize) -> ObjectKey {
+pub(crate) fn dataset_object_key(index: usize) -> ObjectKey {
     ObjectKey::new("datasets", &dataset_key(index)).expect("valid key")
 }
 

@@ -27,6 +27,7 @@ mod plot;
 mod policy_bench;
 mod python_bench;
 mod redis;
+mod restart_bench;
 mod s3_reader_bench;
 mod script;
 mod serve;
@@ -59,6 +60,9 @@ enum Command {
     Engine(engine_bench::EngineArgs),
     /// DRAM bytes the index costs per stored object.
     IndexMemory(engine_bench::IndexMemoryArgs),
+    /// A shard's restart on a store of many small objects, after a clean stop and after SIGKILL,
+    /// vs fio reading the regions in use from the same file.
+    Restart(restart_bench::RestartArgs),
     /// hydrant-server against memcached on loopback: GETs of 4 KiB values.
     Server(server_bench::ServerArgs),
     /// hydrant-server's S3 endpoint and native protocol against nginx, GETs of 1 MiB and 4 KiB:
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Engine(args) => engine_bench::engine(args),
         Command::IndexMemory(args) => engine_bench::index_memory(args),
+        Command::Restart(args) => restart_bench::restart(args),
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),
         Command::Nginx(args) => nginx_bench::nginx(args),
