@@ -444,6 +444,39 @@ mod tests {
             .collect()
     }
 
+    #[test]
+    fn an_index_built_in_one_pass_is_the_one_built_by_installs() {
+        // Keys out of order, across buckets, and chunk keys (never listed).
+        let mut records = Vec::new();
+        for index in (0..500u64).rev() {
+            let bucket = if index % 3 == 0 { "b" } else { "a" };
+            let key = ObjectKey::new(bucket, &format!("k/{:04}", (index * 7919) % 1000)).unwrap();
+            let key = if index % 50 == 0 {
+                key.origin_chunk(index, 1).unwrap()
+            } else {
+                key
+            };
+            records.push((key, record(index + 1, index)));
+        }
+        let mut installed = Index::default();
+        for (key, record) in records.clone() {
+            assert!(installed.install(key, record));
+        }
+        let built = Index::built_from(records.clone());
+        assert_in_step(&built);
+        assert_eq!(built.len(), installed.len());
+        assert_eq!(built.bytes(), installed.bytes());
+        assert_eq!(built.chunk_keys, installed.chunk_keys);
+        for (key, record) in &records {
+            assert_eq!(built.get(key), Some(record));
+        }
+        for bucket in ["a", "b"] {
+            let listed = listed_keys(&built, bucket, "", None);
+            assert_eq!(listed, listed_keys(&installed, bucket, "", None));
+            assert!(listed.windows(2).all(|pair| pair[0] < pair[1]), "in order");
+        }
+    }
+
     /// Both views hold the same keys, sharing one allocation each, and the ordered view holds
     /// no chunk key.
     fn assert_in_step(index: &Index) {
