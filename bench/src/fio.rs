@@ -61,6 +61,30 @@ pub fn fill(path: &Path, bytes: u64) -> Result<(), String> {
     execute(&mut command).map(|_| ())
 }
 
+/// Seconds fio takes to read the first `bytes` of `path` once, in direct reads of `block_size`
+/// at `iodepth`.
+pub fn read_once_seconds(
+    path: &Path,
+    bytes: u64,
+    block_size: &str,
+    iodepth: u32,
+) -> Result<f64, String> {
+    let mut command = Command::new("fio");
+    command
+        .arg("--name=read-once")
+        .arg(format!("--filename={}", path.display()))
+        .args(["--rw=read", "--ioengine=io_uring", "--direct=1"])
+        .arg(format!("--bs={block_size}"))
+        .arg(format!("--iodepth={iodepth}"))
+        .arg(format!("--size={bytes}"))
+        .arg("--output-format=json");
+    let report = report(&execute(&mut command)?)?;
+    let runtime_ms = report["jobs"][0]["read"]["runtime"]
+        .as_f64()
+        .ok_or("fio JSON has no read runtime")?;
+    Ok(runtime_ms / 1000.0)
+}
+
 /// Run fio and return what it printed on stdout.
 fn execute(command: &mut Command) -> Result<Vec<u8>, String> {
     let output = command
@@ -75,12 +99,15 @@ fn execute(command: &mut Command) -> Result<Vec<u8>, String> {
     Ok(output.stdout)
 }
 
-fn parse(json: &[u8]) -> Result<FioResult, String> {
-    // fio may print notices before the JSON document.
+/// fio's JSON report (it may print notices before the document).
+fn report(json: &[u8]) -> Result<serde_json::Value, String> {
     let text = String::from_utf8_lossy(json);
     let start = text.find('{').ok_or("fio printed no JSON")?;
-    let report: serde_json::Value =
-        serde_json::from_str(&text[start..]).map_err(|error| format!("fio JSON: {error}"))?;
+    serde_json::from_str(&text[start..]).map_err(|error| format!("fio JSON: {error}"))
+}
+
+fn parse(json: &[u8]) -> Result<FioResult, String> {
+    let report = report(json)?;
     let read = &report["jobs"][0]["read"];
     let iops = read["iops"].as_f64().ok_or("fio JSON has no read iops")?;
     let bytes_per_second = read["bw_bytes"]

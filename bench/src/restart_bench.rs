@@ -67,36 +67,6 @@ fn reopen(config: EngineConfig) -> Result<(f64, u64, Engine), String> {
     ))
 }
 
-/// fio reading `bytes` of `path` once, from the start, in 1 MiB direct reads at depth 1.
-fn fio_read_seconds(path: &Path, bytes: u64) -> Result<f64, String> {
-    let output = Command::new("fio")
-        .arg("--name=restart-peer")
-        .arg(format!("--filename={}", path.display()))
-        .args([
-            "--rw=read",
-            "--bs=1m",
-            "--iodepth=1",
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--output-format=json",
-        ])
-        .arg(format!("--size={bytes}"))
-        .output()
-        .map_err(|error| format!("cannot run fio (apt-get install -y fio): {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let report: serde_json::Value =
-        serde_json::from_slice(&output.stdout).map_err(|error| format!("fio's report: {error}"))?;
-    let runtime_ms = report["jobs"][0]["read"]["runtime"]
-        .as_f64()
-        .ok_or("fio's report has no read runtime")?;
-    Ok(runtime_ms / 1000.0)
-}
-
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|left, right| left.total_cmp(right));
     values[values.len() / 2]
@@ -151,7 +121,7 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     let (mut clean, mut killed) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         // Alternate the peer and the restart, so that a drifting disk favours neither.
-        let peer = fio_read_seconds(&path, used_bytes)?;
+        let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
         let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
         engine.close();
         if found != expected {
@@ -188,7 +158,7 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         child.kill().map_err(|error| error.to_string())?;
         let _ = child.wait();
         expected += TAIL_OBJECTS as u64;
-        let peer = fio_read_seconds(&path, used_bytes)?;
+        let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
         let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
         engine.close();
         if found != expected {
