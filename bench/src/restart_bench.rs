@@ -121,19 +121,22 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     let (mut clean, mut killed) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         // Alternate the peer and the restart, so that a drifting disk favours neither.
-        let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
-        let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
-        engine.close();
-        if found != expected {
-            return Err(format!(
-                "after a clean stop, {found} objects came back, not {expected}"
-            ));
-        }
-        clean.push(peer / seconds);
-        println!(
-            "| after a clean stop | {round} | {found} | {seconds:.2} | {peer:.2} | {:.2} |",
-            peer / seconds
-        );
+        let measure = |after: &str, expected: u64| -> Result<f64, String> {
+            let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
+            let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
+            engine.close();
+            if found != expected {
+                return Err(format!(
+                    "after {after}, {found} objects came back, not {expected}"
+                ));
+            }
+            println!(
+                "| after {after} | {round} | {found} | {seconds:.2} | {peer:.2} | {:.2} |",
+                peer / seconds
+            );
+            Ok(peer / seconds)
+        };
+        clean.push(measure("a clean stop", expected)?);
 
         let mut child = Command::new(std::env::current_exe().map_err(|error| error.to_string())?)
             .args(["restart", "--hold-round", &round.to_string()])
@@ -158,19 +161,7 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         child.kill().map_err(|error| error.to_string())?;
         let _ = child.wait();
         expected += TAIL_OBJECTS as u64;
-        let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
-        let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
-        engine.close();
-        if found != expected {
-            return Err(format!(
-                "after SIGKILL, {found} objects came back, not {expected}"
-            ));
-        }
-        killed.push(peer / seconds);
-        println!(
-            "| after SIGKILL | {round} | {found} | {seconds:.2} | {peer:.2} | {:.2} |",
-            peer / seconds
-        );
+        killed.push(measure("SIGKILL", expected)?);
     }
     let _ = std::fs::remove_file(&path);
     println!(
