@@ -11,6 +11,8 @@ pub enum ErrorKind {
     InvalidRange,
     /// An object larger than the engine accepts.
     TooLarge,
+    /// An object's attributes (its headers, user metadata) larger than the engine keeps.
+    AttributesTooLarge,
     /// A configuration value out of bounds.
     InvalidConfig,
     /// The device is smaller than one usable layout.

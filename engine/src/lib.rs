@@ -5,6 +5,7 @@
 //! on-disk [`format`]; [`policy`] decides which objects a tier keeps. [`Engine`] is the front
 //! door: it routes each call to the shard that owns the key and returns the answer to any thread.
 
+mod attributes;
 pub mod buf;
 mod cache;
 pub mod device;
@@ -16,6 +17,7 @@ pub mod policy;
 pub mod rt;
 mod stamp;
 
+pub use attributes::{Attributes, ATTRIBUTES_BYTES_MAX, METADATA_BYTES_MAX};
 pub use error::{Error, ErrorKind, Result};
 mod engine;
 mod shard;
@@ -28,9 +30,9 @@ pub use cache::{
     PLANS_PER_SHARD_MAX, PLAN_READS_IN_FLIGHT,
 };
 pub use engine::{
-    Engine, EngineConfig, EngineHandle, FormatPolicy, PutSink, StreamedChunk, CHUNK_BYTES_DEFAULT,
-    CRC_BLOCK_BYTES_DEFAULT, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN, LIST_LIMIT_MAX,
-    REGION_BYTES_DEFAULT,
+    Engine, EngineConfig, EngineHandle, FormatPolicy, PutSink, SharedRead, StreamedChunk,
+    CHUNK_BYTES_DEFAULT, CRC_BLOCK_BYTES_DEFAULT, IO_BYTES_IN_FLIGHT_MAX, IO_BYTES_IN_FLIGHT_MIN,
+    LIST_LIMIT_MAX, REGION_BYTES_DEFAULT,
 };
 pub use key::STAGED_BUCKET;
 pub use origin::{

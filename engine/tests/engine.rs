@@ -460,6 +460,7 @@ fn a_versions_time_and_md5_tag_come_back_after_reopening() {
         pattern(1, 70_000),
         Precondition::Any,
         Some(whole),
+        &Default::default(),
     ))
     .unwrap();
     block_on(engine.put("data", "untagged", pattern(2, 5_000))).unwrap();
@@ -467,7 +468,12 @@ fn a_versions_time_and_md5_tag_come_back_after_reopening() {
     let streamed_bytes = 9 * MIB as usize + 4321;
     let data = pattern(3, streamed_bytes);
     let (sink, done) = engine
-        .put_stream_key(key("streamed"), streamed_bytes as u64, Precondition::Any)
+        .put_stream_key(
+            key("streamed"),
+            streamed_bytes as u64,
+            Precondition::Any,
+            &Default::default(),
+        )
         .unwrap();
     let done = std::thread::spawn(move || block_on(done));
     let chunk_bytes = engine.chunk_bytes() as usize;
@@ -516,4 +522,118 @@ fn a_versions_time_and_md5_tag_come_back_after_reopening() {
     engine.close();
     let engine = Engine::open(config(&path, 256 * MIB, 2, 16)).unwrap();
     assert_eq!(stamps(&engine), before, "the same after reopening");
+}
+
+/// An object's attributes (its Content-Type, user metadata...) come back with HEAD and GET of
+/// that version only, from memory puts and streamed ones, after reclaim has moved the entry
+/// and after the store is reopened; attributes too large are refused with nothing written.
+#[test]
+fn an_objects_attributes_come_back_with_its_version_through_reclaim_and_reopening() {
+    use hydrant_engine::{Attributes, ObjectKey, Precondition, ATTRIBUTES_BYTES_MAX};
+    let dir = TempDir::new("attributes");
+    let path = dir.file("data.hyd");
+    // One shard of eight 1 MiB regions, so that the puts below make reclaim relocate.
+    let open = || Engine::open(config(&path, 9 * MIB, 1, 1)).unwrap();
+    let engine = open();
+    let key = |name: &str| ObjectKey::new("data", name).unwrap();
+    let described = |content_type: &str, epoch: &str| Attributes {
+        content_type: Some(content_type.to_string()),
+        cache_control: Some("no-cache".to_string()),
+        metadata: vec![
+            ("epoch".to_string(), epoch.to_string()),
+            ("rank".to_string(), "0".to_string()),
+        ],
+        ..Default::default()
+    };
+    let hot = described("application/json", "1");
+    block_on(engine.put_tagged(
+        key("hot"),
+        pattern(1, 100_000),
+        Precondition::Any,
+        None,
+        &hot,
+    ))
+    .unwrap();
+    // Streamed, of several chunks: the first chunk's header holds them.
+    let streamed = described("application/x-tar", "2");
+    let streamed_bytes = 700_000;
+    let (sink, done) = engine
+        .put_stream_key(
+            key("streamed"),
+            streamed_bytes as u64,
+            Precondition::Any,
+            &streamed,
+        )
+        .unwrap();
+    let done = std::thread::spawn(move || block_on(done));
+    let data = pattern(2, streamed_bytes);
+    assert!(data.len() > 2 * engine.chunk_bytes() as usize);
+    for piece in data.chunks(engine.chunk_bytes() as usize) {
+        let mut chunk = block_on(engine.streamed_chunk(piece.len()));
+        chunk.data.extend_from_slice(piece);
+        assert!(block_on(sink.send(chunk)));
+    }
+    drop(sink);
+    done.join().unwrap().unwrap();
+    // A version without attributes has none, whatever the one before had.
+    block_on(engine.put_tagged(
+        key("replaced"),
+        pattern(3, 10),
+        Precondition::Any,
+        None,
+        &described("text/plain", "3"),
+    ))
+    .unwrap();
+    block_on(engine.put("data", "replaced", pattern(4, 10))).unwrap();
+    // Too large for an entry header: refused, and the key stays absent.
+    let too_large = Attributes {
+        content_type: Some("t".repeat(ATTRIBUTES_BYTES_MAX)),
+        ..Default::default()
+    };
+    let error = block_on(engine.put_tagged(
+        key("refused"),
+        pattern(5, 10),
+        Precondition::Any,
+        None,
+        &too_large,
+    ))
+    .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::AttributesTooLarge, "{error}");
+    assert!(block_on(engine.head("data", "refused")).unwrap().is_none());
+
+    let check = |engine: &Engine| {
+        for (name, want, data) in [
+            ("hot", &hot, pattern(1, 100_000)),
+            ("streamed", &streamed, pattern(2, streamed_bytes)),
+            ("replaced", &Attributes::default(), pattern(4, 10)),
+        ] {
+            let (meta, attributes) = block_on(engine.head_described(key(name)))
+                .unwrap()
+                .expect("stored");
+            assert_eq!(&attributes, want, "{name}: HEAD");
+            let read = block_on(engine.get_shared_key(key(name), None))
+                .unwrap()
+                .expect("stored");
+            assert_eq!(&read.attributes, want, "{name}: GET");
+            assert_eq!(read.meta.seq, meta.seq);
+            assert!(read.data[..] == data[..], "{name}: the bytes");
+        }
+    };
+    check(&engine);
+    // Reclaim moves the visited objects' entries (headers and all) into new regions.
+    for index in 0..200u64 {
+        block_on(engine.put("data", &format!("cold-{index}"), pattern(index, 100_000))).unwrap();
+        block_on(engine.get("data", "hot", None)).unwrap().unwrap();
+        block_on(engine.get("data", "streamed", None))
+            .unwrap()
+            .unwrap();
+        block_on(engine.get("data", "replaced", None))
+            .unwrap()
+            .unwrap();
+    }
+    let stats = block_on(engine.stats()).unwrap();
+    assert!(stats[0].counters.relocations > 0, "{stats:?}");
+    check(&engine);
+    engine.close();
+    check(&open());
 }

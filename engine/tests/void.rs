@@ -127,23 +127,29 @@ fn format_version(path: &std::path::Path) -> [u32; 2] {
 }
 
 #[test]
-fn a_version_1_store_is_read_and_upgraded_and_an_unknown_version_is_refused() {
+fn older_stores_are_read_and_upgraded_and_an_unknown_version_is_refused() {
     let directory = TempDir::new("format-version");
     let path = directory.file("data.hyd");
     let engine = Engine::open(tiny_config(&path)).unwrap();
     block_on(engine.put("data", "kept", pattern(7, 300_000))).unwrap();
     engine.close();
-    assert_eq!(format_version(&path), [2, 2]);
-    set_format_version(&path, 1);
-    let engine = Engine::open(tiny_config(&path)).unwrap();
-    let (_, data) = block_on(engine.get("data", "kept", None)).unwrap().unwrap();
-    assert!(data == pattern(7, 300_000));
-    engine.close();
-    assert_eq!(format_version(&path), [2, 2], "upgraded on open");
-    set_format_version(&path, 3);
+    assert_eq!(format_version(&path), [3, 3]);
+    for older in [1, 2] {
+        set_format_version(&path, older);
+        let engine = Engine::open(tiny_config(&path)).unwrap();
+        let (_, data) = block_on(engine.get("data", "kept", None)).unwrap().unwrap();
+        assert!(data == pattern(7, 300_000));
+        engine.close();
+        assert_eq!(
+            format_version(&path),
+            [3, 3],
+            "upgraded from {older} on open"
+        );
+    }
+    set_format_version(&path, 4);
     let refused = Engine::open(tiny_config(&path)).err().expect("refused");
     assert!(
-        refused.to_string().contains("format version 3"),
+        refused.to_string().contains("format version 4"),
         "{refused}"
     );
 }

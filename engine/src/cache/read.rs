@@ -3,6 +3,19 @@
 use super::*;
 
 impl Cache {
+    /// The attributes of version `seq` of `key` as stored here (none for `seq` 0: data read
+    /// through from the origin); `None` when that version is no longer the stored one.
+    pub async fn attributes(
+        &self,
+        key: &ObjectKey,
+        seq: u64,
+    ) -> Result<Option<crate::attributes::Attributes>> {
+        if seq == 0 {
+            return Ok(Some(Default::default()));
+        }
+        self.store.attributes(key, seq).await
+    }
+
     /// The object (whole, or `range`), from NVMe or through it from the origin. `None` when
     /// neither has it.
     pub async fn get(

@@ -90,7 +90,7 @@ impl Cache {
                     let stamp = version.stamp();
                     origin.reads.remember(key, version);
                     self.store
-                        .put_stamped(key.clone(), &data, false, stamp)
+                        .put_stamped(key.clone(), &data, false, stamp, &[])
                         .await?;
                 }
                 Ok(Revalidated::Replaced(read))
@@ -550,7 +550,7 @@ impl Admission<'_> {
             }
             self.reads.remember(self.key, version.clone());
             self.store
-                .put_stamped(self.key.clone(), data, false, version.stamp())
+                .put_stamped(self.key.clone(), data, false, version.stamp(), &[])
                 .await
                 .map(|_| ())
         } else {

@@ -47,24 +47,32 @@ impl Cache {
     /// like dirty data, never uploaded) until it is deleted.
     /// With a `precondition` other than `Any`, the write happens only if the key is as it
     /// requires (else PreconditionFailed, and nothing is written). `md5`: the version's MD5 tag,
-    /// where the writer computed one (S3 answers it as the ETag).
+    /// where the writer computed one (S3 answers it as the ETag). `attributes`: its encoded
+    /// attributes (see `Attributes::encode`; empty for none).
     pub async fn put(
         &self,
         key: ObjectKey,
         data: Vec<u8>,
         precondition: Precondition,
         md5: Option<Md5Tag>,
+        attributes: Vec<u8>,
     ) -> Result<ObjectMeta> {
         let stamp = Stamp::now_with(md5);
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             let pinned = key.is_staged();
             if precondition == Precondition::Any {
-                return self.store.put_stamped(key, &data, pinned, stamp).await;
+                return self
+                    .store
+                    .put_stamped(key, &data, pinned, stamp, &attributes)
+                    .await;
             }
             let _guard = self.locks.lock(&key).await;
             self.check_precondition(&key, precondition).await?;
-            return self.store.put_stamped(key, &data, pinned, stamp).await;
+            return self
+                .store
+                .put_stamped(key, &data, pinned, stamp, &attributes)
+                .await;
         };
         // From now until the answer, origin reads of the key are not admitted.
         let _change = origin.reads.change(&key);
@@ -80,8 +88,12 @@ impl Cache {
                 let bytes = data.len() as u64;
                 let data = Bytes::from(data);
                 let origins = origin.origins.clone();
+                let kept = remote::origin_attributes(
+                    &route,
+                    &crate::attributes::Attributes::decode(&attributes).unwrap_or_default(),
+                );
                 let etag = if bytes > origins.config().multipart_threshold_bytes {
-                    put_multipart_from_memory(&origins, &route, path, data.clone()).await?
+                    put_multipart_from_memory(&origins, &route, path, data.clone(), kept).await?
                 } else {
                     origins
                         .run(remote::put(
@@ -89,12 +101,13 @@ impl Cache {
                             route.clone(),
                             path,
                             data.clone(),
+                            kept,
                         ))
                         .await?
                 };
                 match self
                     .store
-                    .put_stamped(key.clone(), &data, false, stamp)
+                    .put_stamped(key.clone(), &data, false, stamp, &attributes)
                     .await
                 {
                     Ok(meta) => {
@@ -139,7 +152,7 @@ impl Cache {
                 }
                 match self
                     .store
-                    .put_stamped(key.clone(), &data, true, stamp)
+                    .put_stamped(key.clone(), &data, true, stamp, &attributes)
                     .await
                 {
                     Ok(meta) => {
@@ -160,23 +173,29 @@ impl Cache {
     /// time (each exactly a chunk, the last the rest), so that it is never whole in memory. By
     /// the bucket's write mode as `put`; write-through is written to NVMe first and answered
     /// once the uploader has it at the origin. A stream that ends early leaves nothing visible.
-    /// With a `precondition`, as `put`: checked before the first chunk is written.
+    /// With a `precondition` and `attributes`, as `put`: checked before the first chunk is
+    /// written.
     pub async fn put_stream(
         &self,
         key: ObjectKey,
         object_bytes: u64,
         chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
         precondition: Precondition,
+        attributes: Vec<u8>,
     ) -> Result<ObjectMeta> {
         self.invalidate(&key);
         let Some((origin, route)) = self.route(&key)? else {
             let pinned = key.is_staged();
             if precondition == Precondition::Any {
-                return self.write_stream(key, object_bytes, pinned, chunks).await;
+                return self
+                    .write_stream(key, object_bytes, pinned, chunks, attributes)
+                    .await;
             }
             let _guard = self.locks.lock(&key).await;
             self.check_precondition(&key, precondition).await?;
-            return self.write_stream(key, object_bytes, pinned, chunks).await;
+            return self
+                .write_stream(key, object_bytes, pinned, chunks, attributes)
+                .await;
         };
         let _change = origin.reads.change(&key);
         route.path(key.key())?;
@@ -189,7 +208,7 @@ impl Cache {
             let _guard = self.locks.lock(&key).await;
             match self.check_precondition(&key, precondition).await {
                 Ok(()) => {
-                    self.write_stream(key.clone(), object_bytes, true, chunks)
+                    self.write_stream(key.clone(), object_bytes, true, chunks, attributes)
                         .await
                 }
                 Err(error) => Err(error),
@@ -223,8 +242,9 @@ impl Cache {
         object_bytes: u64,
         dirty: bool,
         chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
+        attributes: Vec<u8>,
     ) -> Result<ObjectMeta> {
-        let mut put = self.store.begin_put(key, object_bytes, dirty)?;
+        let mut put = self.store.begin_put(key, object_bytes, dirty, attributes)?;
         for chunk in 0..put.chunk_count() {
             let Some(chunk_data) = chunks.recv().await else {
                 return Err(Error::new(
@@ -383,6 +403,7 @@ pub(super) async fn put_multipart_from_memory(
     route: &Arc<Route>,
     path: object_store::path::Path,
     data: Bytes,
+    attributes: object_store::Attributes,
 ) -> Result<Option<String>> {
     let part_bytes = origins.config().part_bytes as usize;
     let mut upload = origins
@@ -390,6 +411,7 @@ pub(super) async fn put_multipart_from_memory(
             origins.clone(),
             route.clone(),
             path,
+            attributes,
         ))
         .await?;
     for start in (0..data.len()).step_by(part_bytes) {

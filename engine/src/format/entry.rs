@@ -6,7 +6,8 @@
 //!      4    1 kind                1 = chunk, 2 = tombstone, 3 = seal (end of the region's log),
 //!                                 4 = clean (the version in object_bytes is at the origin),
 //!                                 5 = void (the version in object_bytes failed; format 2)
-//!      5    1 flags               bit 0 = dirty (not yet at the origin)
+//!      5    1 flags               bit 0 = dirty (not yet at the origin), bit 1 = attributes
+//!                                 follow the checksums (format 3)
 //!      6    1 bucket_len          <= 63
 //!      7    1 etag_len            <= 64
 //!      8    2 key_len             <= 1024
@@ -19,7 +20,10 @@
 //!     40    8 object_bytes        size of the whole object version (clean, void: the seq it marks)
 //!     48   64 etag                the version's MD5 tag (etag_len bytes used: 0 = none, or 18 =
 //!                                 16-byte MD5 digest, then u16 part count, 0 = whole object)
-//!    112    . bucket, then key, then crc_count little-endian u32 CRC32C of the data pieces
+//!    112    . bucket, then key, then crc_count little-endian u32 CRC32C of the data pieces,
+//!                                 then (flag bit 1) attributes_len bytes of the object's
+//!                                 attributes (see `attributes.rs`; a version's first chunk)
+//!   4082    2 attributes_len      (flag bit 1; else 0)
 //!   4084    8 modified_ms         when the version was written, ms since the Unix epoch
 //!                                 (0 = not known; a store written before it was kept)
 //!   4092    4 crc32c of bytes 0..4092
@@ -49,12 +53,32 @@ const _: () = assert!(NAMES_OFFSET == 112);
 /// At the end of the block, so that headers written before it was kept read as 0 (their
 /// bytes there are the zeros after the last checksum).
 const MODIFIED_OFFSET: usize = CHECKSUM_OFFSET - 8;
+/// Before the time, and read only where the flag says so (headers written before it was kept
+/// may have checksums there).
+const ATTRIBUTES_LEN_OFFSET: usize = MODIFIED_OFFSET - 2;
 /// The most data checksums a header has room for beside the longest bucket and key.
 pub(crate) const CRC_COUNT_MAX: usize =
-    (MODIFIED_OFFSET - NAMES_OFFSET - BUCKET_BYTES_MAX - KEY_BYTES_MAX) / 4;
+    (ATTRIBUTES_LEN_OFFSET - NAMES_OFFSET - BUCKET_BYTES_MAX - KEY_BYTES_MAX) / 4;
 const _: () = assert!(CRC_COUNT_MAX >= 256);
+// The default geometry's checksums leave room for the most attributes beside the longest names.
+const _: () = assert!(
+    ATTRIBUTES_LEN_OFFSET
+        - NAMES_OFFSET
+        - BUCKET_BYTES_MAX
+        - KEY_BYTES_MAX
+        - 4 * (crate::CHUNK_BYTES_DEFAULT / crate::CRC_BLOCK_BYTES_DEFAULT) as usize
+        >= crate::attributes::ATTRIBUTES_BYTES_MAX
+);
 
 pub const ENTRY_FLAG_DIRTY: u8 = 1;
+/// The header holds the object's attributes after its checksums.
+pub const ENTRY_FLAG_ATTRIBUTES: u8 = 2;
+
+/// Bytes of attributes a chunk header has room for beside `bucket_bytes` + `key_bytes` of names
+/// and `crc_count` checksums.
+pub fn attributes_room(names_bytes: usize, crc_count: usize) -> usize {
+    ATTRIBUTES_LEN_OFFSET.saturating_sub(NAMES_OFFSET + names_bytes + 4 * crc_count)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryKind {
@@ -86,6 +110,8 @@ pub struct EntryHeader {
     pub bucket: Vec<u8>,
     pub key: Vec<u8>,
     pub data_crcs: Vec<u32>,
+    /// The object's encoded attributes (a version's first chunk; empty for none).
+    pub attributes: Vec<u8>,
 }
 
 impl EntryHeader {
@@ -105,6 +131,7 @@ impl EntryHeader {
             bucket: Vec::new(),
             key: Vec::new(),
             data_crcs: Vec::new(),
+            attributes: Vec::new(),
         }
     }
 
@@ -118,10 +145,19 @@ impl EntryHeader {
         assert!(self.bucket.len() <= BUCKET_BYTES_MAX);
         assert!(self.key.len() <= KEY_BYTES_MAX);
         assert!(self.data_crcs.len() <= CRC_COUNT_MAX);
+        assert!(
+            self.attributes.len()
+                <= attributes_room(self.bucket.len() + self.key.len(), self.data_crcs.len())
+        );
         block.fill(0);
         put_u32(block, MAGIC_OFFSET, MAGIC);
         block[KIND_OFFSET] = self.kind as u8;
-        block[FLAGS_OFFSET] = self.flags;
+        let flags = if self.attributes.is_empty() {
+            self.flags & !ENTRY_FLAG_ATTRIBUTES
+        } else {
+            self.flags | ENTRY_FLAG_ATTRIBUTES
+        };
+        block[FLAGS_OFFSET] = flags;
         block[BUCKET_LEN_OFFSET] = self.bucket.len() as u8;
         let md5 = self.md5.map(|tag| tag.encode());
         let etag: &[u8] = md5.as_ref().map_or(&[], |tag| &tag[..]);
@@ -144,6 +180,10 @@ impl EntryHeader {
         for crc in &self.data_crcs {
             put_u32(block, offset, *crc);
             offset += 4;
+        }
+        if !self.attributes.is_empty() {
+            block[offset..offset + self.attributes.len()].copy_from_slice(&self.attributes);
+            put_u16(block, ATTRIBUTES_LEN_OFFSET, self.attributes.len() as u16);
         }
         seal_block(block);
     }
@@ -190,9 +230,20 @@ impl EntryHeader {
         let data_crcs = (0..crc_count)
             .map(|index| get_u32(block, offset + 4 * index))
             .collect();
+        offset += 4 * crc_count;
+        let flags = block[FLAGS_OFFSET];
+        let attributes = if flags & ENTRY_FLAG_ATTRIBUTES != 0 {
+            let len = get_u16(block, ATTRIBUTES_LEN_OFFSET) as usize;
+            if len > attributes_room(bucket_len + key_len, crc_count) {
+                return None;
+            }
+            block[offset..offset + len].to_vec()
+        } else {
+            Vec::new()
+        };
         Some(EntryHeader {
             kind,
-            flags: block[FLAGS_OFFSET],
+            flags,
             chunk_index,
             chunk_count,
             data_bytes,
@@ -205,6 +256,7 @@ impl EntryHeader {
             bucket,
             key,
             data_crcs,
+            attributes,
         })
     }
 }
@@ -236,6 +288,7 @@ mod tests {
             bucket: b"datasets".to_vec(),
             key: "shards/train-0001.tar".as_bytes().to_vec(),
             data_crcs: data_checksums(&data, 65536),
+            attributes: Vec::new(),
         }
     }
 
@@ -269,5 +322,35 @@ mod tests {
         let mut block = vec![0u8; BLOCK_BYTES];
         header.encode_into(&mut block);
         assert_eq!(EntryHeader::decode(&block, 4096), Some(header));
+    }
+
+    #[test]
+    fn attributes_round_trip_beside_the_longest_names_and_are_read_only_under_their_flag() {
+        let mut header = sample();
+        header.bucket = vec![b'b'; BUCKET_BYTES_MAX];
+        header.key = vec![b'k'; KEY_BYTES_MAX];
+        let room = attributes_room(BUCKET_BYTES_MAX + KEY_BYTES_MAX, header.data_crcs.len());
+        assert!(room >= crate::attributes::ATTRIBUTES_BYTES_MAX);
+        header.attributes = (0..room).map(|at| at as u8).collect();
+        let mut block = vec![0u8; BLOCK_BYTES];
+        header.encode_into(&mut block);
+        let decoded = EntryHeader::decode(&block, 65536).unwrap();
+        assert_eq!(decoded.flags, ENTRY_FLAG_DIRTY | ENTRY_FLAG_ATTRIBUTES);
+        assert_eq!(decoded.attributes, header.attributes);
+        // A header without the flag has no attributes, whatever its last bytes hold (a header
+        // of an older build with the most checksums has them there).
+        header.attributes.clear();
+        header.encode_into(&mut block);
+        put_u16(&mut block, ATTRIBUTES_LEN_OFFSET, 77);
+        seal_block(&mut block);
+        let decoded = EntryHeader::decode(&block, 65536).unwrap();
+        assert_eq!(decoded.flags, ENTRY_FLAG_DIRTY);
+        assert!(decoded.attributes.is_empty());
+        // A length past the room is a damaged header.
+        let mut lying = block.clone();
+        lying[FLAGS_OFFSET] |= ENTRY_FLAG_ATTRIBUTES;
+        put_u16(&mut lying, ATTRIBUTES_LEN_OFFSET, (room + 1) as u16);
+        seal_block(&mut lying);
+        assert_eq!(EntryHeader::decode(&lying, 65536), None);
     }
 }

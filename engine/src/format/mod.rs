@@ -13,16 +13,18 @@ mod region;
 mod superblock;
 
 pub(crate) use entry::CRC_COUNT_MAX;
-pub use entry::{EntryHeader, EntryKind, ENTRY_FLAG_DIRTY};
+pub use entry::{attributes_room, EntryHeader, EntryKind, ENTRY_FLAG_ATTRIBUTES, ENTRY_FLAG_DIRTY};
 pub use region::RegionHeader;
 pub use superblock::{Superblock, SuperblockProblem};
 
 /// The unit of the format: every structure and every entry starts on a multiple of it.
 pub const BLOCK_BYTES: usize = 4096;
 /// The format this build writes. Version 2 adds the void marker (an entry kind version 1 does
-/// not know); a version 1 store is read as it is and upgraded when opened (its superblocks
-/// rewritten), so that an older build refuses it instead of misreading a void marker.
-pub const FORMAT_VERSION: u32 = 2;
+/// not know), version 3 an object's attributes in its first chunk's header (which a version 2
+/// build would drop when it relocates the entry); an older store is read as it is and upgraded
+/// when opened (its superblocks rewritten), so that an older build refuses it instead of
+/// misreading a void marker or losing attributes.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format this build reads.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Where the two superblock copies live.

@@ -272,6 +272,7 @@ pub(crate) async fn upload_in_parts(
     route: &Arc<Route>,
     upload: &mut Upload,
     path: Path,
+    attributes: object_store::Attributes,
 ) -> Result<Option<Option<String>>> {
     let origins: Arc<Origins> = uploader.origin.origins.clone();
     let config = origins.config().clone();
@@ -290,6 +291,7 @@ pub(crate) async fn upload_in_parts(
                             origins.clone(),
                             route.clone(),
                             path.clone(),
+                            attributes,
                         ))
                         .await?;
                     let part_bytes = part_bytes_for(&config, upload.bytes);

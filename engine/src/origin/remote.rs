@@ -566,16 +566,59 @@ fn remove_staged_before(file: &std::path::Path, opened_at: std::time::SystemTime
     }
 }
 
+/// An object's attributes as `route`'s origin keeps them: an object store all but Expires
+/// (which it has no field for), a local folder none (it keeps only the bytes).
+pub(crate) fn origin_attributes(
+    route: &Route,
+    attributes: &crate::Attributes,
+) -> object_store::Attributes {
+    use object_store::Attribute;
+    let mut kept = object_store::Attributes::new();
+    if route.url.starts_with("file://") {
+        return kept;
+    }
+    for (attribute, value) in [
+        (Attribute::ContentType, &attributes.content_type),
+        (Attribute::ContentEncoding, &attributes.content_encoding),
+        (
+            Attribute::ContentDisposition,
+            &attributes.content_disposition,
+        ),
+        (Attribute::ContentLanguage, &attributes.content_language),
+        (Attribute::CacheControl, &attributes.cache_control),
+    ] {
+        if let Some(value) = value {
+            kept.insert(attribute, value.clone().into());
+        }
+    }
+    for (name, value) in &attributes.metadata {
+        kept.insert(
+            Attribute::Metadata(name.clone().into()),
+            value.clone().into(),
+        );
+    }
+    kept
+}
+
 pub(crate) async fn put(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
     path: Path,
     data: Bytes,
+    attributes: object_store::Attributes,
 ) -> Result<Option<String>> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
     remove_stale_staged(&origins, &route, &path).await;
     let bytes = data.len() as u64;
-    match route.store.put(&path, PutPayload::from(data)).await {
+    let options = object_store::PutOptions {
+        attributes,
+        ..Default::default()
+    };
+    match route
+        .store
+        .put_opts(&path, PutPayload::from(data), options)
+        .await
+    {
         Ok(result) => {
             origins
                 .counters
@@ -591,12 +634,17 @@ pub(crate) async fn start_multipart(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
     path: Path,
+    attributes: object_store::Attributes,
 ) -> Result<Box<dyn object_store::MultipartUpload>> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
     remove_stale_staged(&origins, &route, &path).await;
+    let options = object_store::PutMultipartOptions {
+        attributes,
+        ..Default::default()
+    };
     route
         .store
-        .put_multipart(&path)
+        .put_multipart_opts(&path, options)
         .await
         .map_err(|error| origin_error(&origins.counters, &route, "start an upload", error))
 }
@@ -653,11 +701,16 @@ pub(crate) async fn create_upload(
     origins: Arc<super::Origins>,
     route: Arc<Route>,
     path: Path,
+    attributes: object_store::Attributes,
 ) -> Result<MultipartId> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
+    let options = object_store::PutMultipartOptions {
+        attributes,
+        ..Default::default()
+    };
     route
         .parts()
-        .create_multipart(&path)
+        .create_multipart_opts(&path, options)
         .await
         .map_err(|error| origin_error(&origins.counters, &route, "start an upload", error))
 }

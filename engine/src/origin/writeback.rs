@@ -410,19 +410,30 @@ async fn upload_version(
     let origins = uploader.origin.origins.clone();
     let path = route.path(upload.key.key())?;
     let config = origins.config().clone();
+    // The version's Content-Type, user metadata and the rest go to the origin with it.
+    let Some(attributes) = uploader.store.attributes(&upload.key, upload.seq).await? else {
+        return Ok(None);
+    };
+    let attributes = remote::origin_attributes(route, &attributes);
     if upload.bytes <= config.multipart_threshold_bytes {
         let Some(data) = read_part(uploader, upload, 0, upload.bytes).await? else {
             return Ok(None);
         };
         let etag = origins
-            .run(remote::put(origins.clone(), route.clone(), path, data))
+            .run(remote::put(
+                origins.clone(),
+                route.clone(),
+                path,
+                data,
+                attributes,
+            ))
             .await?;
         return Ok(Some(etag));
     }
     if route.parts.is_none() {
-        return upload_whole(uploader, route, upload, path).await;
+        return upload_whole(uploader, route, upload, path, attributes).await;
     }
-    super::parts::upload_in_parts(uploader, route, upload, path).await
+    super::parts::upload_in_parts(uploader, route, upload, path, attributes).await
 }
 
 /// Upload a version in parts to an origin without part-wise uploads (a local folder): each
@@ -432,6 +443,7 @@ async fn upload_whole(
     route: &Arc<Route>,
     upload: &Upload,
     path: Path,
+    attributes: object_store::Attributes,
 ) -> Result<Option<Option<String>>> {
     let origins = uploader.origin.origins.clone();
     let part_bytes = origins.config().part_bytes;
@@ -440,6 +452,7 @@ async fn upload_whole(
             origins.clone(),
             route.clone(),
             path.clone(),
+            attributes,
         ))
         .await?;
     let mut offset = 0;

@@ -57,6 +57,8 @@ impl Chunks {
 
 pub const RECORD_FLAG_DIRTY: u8 = 1;
 pub const RECORD_FLAG_VISITED: u8 = 2;
+/// The version's first chunk header holds attributes (see `Store::attributes`).
+pub const RECORD_FLAG_ATTRIBUTES: u8 = 4;
 
 /// The newest complete version of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +108,10 @@ impl ObjectRecord {
 
     pub fn visited(&self) -> bool {
         self.flags & RECORD_FLAG_VISITED != 0
+    }
+
+    pub fn described(&self) -> bool {
+        self.flags & RECORD_FLAG_ATTRIBUTES != 0
     }
 }
 

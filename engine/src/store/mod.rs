@@ -22,6 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 
+use crate::attributes::Attributes;
 use crate::buf::{align_up, Arena, ArenaInfo, ExternalBuf, IoBuf};
 use crate::format::{data_checksums, EntryHeader, EntryKind, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
 use crate::rt::op::{read_at, read_at_external, read_vectored_at, sync_data, write_at, FileRef};
@@ -30,7 +31,10 @@ use crate::stamp::{Md5Tag, Stamp};
 use crate::{Error, ErrorKind, Result};
 
 use commit::{Commit, CommitStep};
-use index::{Chunks, Index, Location, ObjectRecord, RECORD_FLAG_DIRTY, RECORD_FLAG_VISITED};
+use index::{
+    Chunks, Index, Location, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
+    RECORD_FLAG_VISITED,
+};
 pub use index::{ObjectKey, ObjectMeta, StoredVersion};
 
 /// The geometry every shard of a store shares (from the superblock).
@@ -504,6 +508,7 @@ impl Store {
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),
+            attributes: Vec::new(),
         };
         self.write_operation(key, vec![(header, &[][..])], Versioned::No, |_, _| ())
             .await?;

@@ -275,6 +275,39 @@ impl Store {
         }))
     }
 
+    /// The attributes of version `seq` of `key` (none when it was written without them), read
+    /// from its first chunk's header; `None` when that version is not the indexed one (replaced
+    /// or deleted meanwhile, or never here).
+    pub async fn attributes(&self, key: &ObjectKey, seq: u64) -> Result<Option<Attributes>> {
+        let (record, location) = match self.index.borrow().get(key) {
+            Some(record) if record.seq == seq && !record.described() => {
+                return Ok(Some(Attributes::default()))
+            }
+            Some(record) if record.seq == seq => (record.clone(), record.chunks.get(0)),
+            _ => return Ok(None),
+        };
+        let region = location.region as usize;
+        let offset = self.device_offset(region, location.block as u64);
+        let (result, buf) = {
+            let _reader = RegionReader::new(self, region);
+            read_at(
+                self.file_of(region),
+                self.arena.allocate(BLOCK_BYTES),
+                offset,
+                BLOCK_BYTES,
+            )
+            .await
+        };
+        self.check_read(result, BLOCK_BYTES, region)?;
+        let first_chunk_bytes = record.bytes.min(self.geometry.chunk_bytes as u64) as u32;
+        // The region's reader count keeps it from being reused while it is read (a relocated
+        // copy leaves this one as it was).
+        let header = self.chunk_header(buf.as_slice(), key, &record, 0, first_chunk_bytes)?;
+        Attributes::decode(&header.attributes)
+            .map(Some)
+            .ok_or_else(|| self.checksum_failed(key, &record, 0, "attributes"))
+    }
+
     /// Read bytes `want` of one chunk and verify them. Small chunks are read without their
     /// header (the index holds their checksum); larger ones with it, and only the checksummed
     /// pieces that `want` touches.

@@ -15,7 +15,9 @@ use crate::rt::op::read_at;
 use crate::stamp::Stamp;
 use crate::Result;
 
-use super::index::{Chunks, Index, Location, ObjectKey, ObjectRecord, RECORD_FLAG_DIRTY};
+use super::index::{
+    Chunks, Index, Location, ObjectKey, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
+};
 use super::scan::ScanMode;
 use super::{Store, StoreParts};
 
@@ -23,6 +25,8 @@ struct Candidate {
     seq: u64,
     bytes: u64,
     dirty: bool,
+    /// Its first chunk's header holds attributes.
+    described: bool,
     /// From the last chunk's header (a streamed put's MD5 tag is known only there).
     stamp: Stamp,
     chunks: Vec<Option<Location>>,
@@ -87,6 +91,7 @@ impl IndexBuilder {
                             seq: header.seq,
                             bytes: header.object_bytes,
                             dirty: header.flags & ENTRY_FLAG_DIRTY != 0,
+                            described: false,
                             stamp: Stamp::default(),
                             chunks: vec![None; chunk_count as usize],
                         });
@@ -102,6 +107,9 @@ impl IndexBuilder {
                         modified_ms: header.modified_ms,
                         md5: header.md5,
                     };
+                }
+                if header.chunk_index == 0 {
+                    version.described = !header.attributes.is_empty();
                 }
                 // Regions are scanned oldest first, so a relocated copy replaces the original.
                 version.chunks[header.chunk_index as usize] = Some(Location {
@@ -145,6 +153,10 @@ impl IndexBuilder {
                         bytes: version.bytes,
                         flags: if version.dirty && !history.cleaned.contains(&version.seq) {
                             RECORD_FLAG_DIRTY
+                        } else {
+                            0
+                        } | if version.described {
+                            RECORD_FLAG_ATTRIBUTES
                         } else {
                             0
                         },
@@ -333,6 +345,7 @@ mod tests {
             bucket: b"b".to_vec(),
             key: b"k".to_vec(),
             data_crcs: Vec::new(),
+            attributes: Vec::new(),
         }
     }
 

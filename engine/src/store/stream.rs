@@ -35,36 +35,45 @@ pub struct PutStream {
     dirty: bool,
     /// Its time (when it began) and, once the writer gives it, its MD5 tag.
     stamp: Stamp,
+    /// Its encoded attributes, for the first chunk's header (empty for none).
+    attributes: Vec<u8>,
     chunk_count: usize,
     /// The operation's seq, once its first chunk is placed.
     seq: Option<u64>,
     placed: Vec<PlacedEntry>,
     /// Regions holding this put's chunks, one entry per chunk (each counted in `pinned`).
     pinned: Vec<usize>,
+    /// Its first chunk, written, holds attributes.
+    described: bool,
     done: bool,
 }
 
 impl Store {
-    /// Begin a put of `object_bytes` bytes to come, `dirty` or not.
+    /// Begin a put of `object_bytes` bytes to come, `dirty` or not, with its encoded
+    /// `attributes` (empty for none).
     pub fn begin_put(
         self: &Rc<Self>,
         key: ObjectKey,
         object_bytes: u64,
         dirty: bool,
+        attributes: Vec<u8>,
     ) -> Result<PutStream> {
         self.writable()?;
         self.refuse_larger_than(object_bytes, self.streamed_object_bytes_limit())?;
         let chunk_bytes = self.geometry.chunk_bytes as u64;
+        self.check_attributes_room(&key, object_bytes.min(chunk_bytes) as usize, &attributes)?;
         Ok(PutStream {
             store: self.clone(),
             key,
             object_bytes,
             dirty,
             stamp: Stamp::now(),
+            attributes,
             chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as usize,
             seq: None,
             placed: Vec::new(),
             pinned: Vec::new(),
+            described: false,
             done: false,
         })
     }
@@ -129,6 +138,10 @@ impl PutStream {
         };
         let mut header =
             store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
+        if chunk == 0 {
+            header.attributes = std::mem::take(&mut self.attributes);
+        }
+        let described = !header.attributes.is_empty();
         let buf = store.entry_buffer(&header, data);
         let place = match self.seq {
             None => {
@@ -147,6 +160,7 @@ impl PutStream {
         header.seq = self.seq.expect("taken with the first place");
         let placed = store.write_placed_entry(header, buf, place).await?;
         self.placed.push(placed);
+        self.described |= described;
         Ok(())
     }
 
@@ -184,6 +198,7 @@ impl PutStream {
                     self.dirty,
                     locations,
                     self.stamp,
+                    self.described,
                 ))
             }
             Err(error) => Err(store.void(&self.key, seq, error).await),

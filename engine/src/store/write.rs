@@ -7,33 +7,48 @@ impl Store {
     /// Store `data` as the new version of `key`; returns once it is durable on the device.
     /// `dirty` pins it until it is written back to the origin.
     pub async fn put(&self, key: ObjectKey, data: &[u8], dirty: bool) -> Result<ObjectMeta> {
-        self.put_stamped(key, data, dirty, Stamp::now()).await
+        self.put_stamped(key, data, dirty, Stamp::now(), &[]).await
     }
 
-    /// `put` of a version that says `stamp` of itself (its time, its MD5 tag).
+    /// `put` of a version that says `stamp` of itself (its time, its MD5 tag), with its encoded
+    /// `attributes` (see `Attributes::encode`; empty for none).
     pub async fn put_stamped(
         &self,
         key: ObjectKey,
         data: &[u8],
         dirty: bool,
         stamp: Stamp,
+        attributes: &[u8],
     ) -> Result<ObjectMeta> {
         self.writable()?;
         self.check_object_bytes(data.len() as u64)?;
         let chunk_bytes = self.geometry.chunk_bytes as usize;
+        self.check_attributes_room(&key, data.len().min(chunk_bytes), attributes)?;
         let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
         let entries = (0..chunk_count)
             .map(|chunk| {
                 let piece = &data[(chunk * chunk_bytes).min(data.len())
                     ..((chunk + 1) * chunk_bytes).min(data.len())];
-                let header =
+                let mut header =
                     self.new_chunk_entry(&key, chunk, data.len() as u64, dirty, piece, stamp);
+                if chunk == 0 {
+                    header.attributes = attributes.to_vec();
+                }
                 (header, piece)
             })
             .collect();
+        let described = !attributes.is_empty();
         let meta = self
             .write_operation(&key, entries, Versioned::Yes, |seq, locations| {
-                self.install_put(&key, seq, data.len() as u64, dirty, locations, stamp)
+                self.install_put(
+                    &key,
+                    seq,
+                    data.len() as u64,
+                    dirty,
+                    locations,
+                    stamp,
+                    described,
+                )
             })
             .await?;
         self.count(|counters| {
@@ -41,6 +56,31 @@ impl Store {
             counters.bytes_written += data.len() as u64;
         });
         Ok(meta)
+    }
+
+    /// Refuse attributes that do not fit the first chunk's header (of `first_chunk_bytes`)
+    /// beside the key and the chunk's checksums.
+    pub(super) fn check_attributes_room(
+        &self,
+        key: &ObjectKey,
+        first_chunk_bytes: usize,
+        attributes: &[u8],
+    ) -> Result<()> {
+        let crcs =
+            crate::format::crc_count(first_chunk_bytes as u64, self.geometry.crc_block_bytes);
+        let room =
+            crate::format::attributes_room(key.bucket_bytes().len() + key.key_bytes().len(), crcs);
+        if attributes.len() > room {
+            return Err(Error::new(
+                ErrorKind::AttributesTooLarge,
+                format!(
+                    "the object's headers and metadata take {} bytes; beside a key of {} bytes this store has room for {room}",
+                    attributes.len(),
+                    key.key_bytes().len()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuse an object this shard cannot hold beside the rest of its data.
@@ -88,11 +128,14 @@ impl Store {
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
+            attributes: Vec::new(),
         }
     }
 
     /// Make version `seq` of `key` (its chunks at `locations`, all durable) the indexed one,
-    /// unless a newer operation on the key already finished.
+    /// unless a newer operation on the key already finished. `described`: its first chunk's
+    /// header holds attributes.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn install_put(
         &self,
         key: &ObjectKey,
@@ -101,11 +144,13 @@ impl Store {
         dirty: bool,
         locations: Vec<Location>,
         stamp: Stamp,
+        described: bool,
     ) -> ObjectMeta {
         let record = ObjectRecord {
             seq,
             bytes: object_bytes,
-            flags: if dirty { RECORD_FLAG_DIRTY } else { 0 },
+            flags: if dirty { RECORD_FLAG_DIRTY } else { 0 }
+                | if described { RECORD_FLAG_ATTRIBUTES } else { 0 },
             chunks: Chunks::from_vec(locations),
             stamp: stamp.into(),
         };
@@ -153,6 +198,7 @@ impl Store {
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),
+            attributes: Vec::new(),
         };
         let existed = self
             .write_operation(&key, vec![(header, &[][..])], Versioned::Yes, |seq, _| {
@@ -277,6 +323,7 @@ impl Store {
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
             data_crcs: Vec::new(),
+            attributes: Vec::new(),
         };
         // The marker comes after every entry of the version in the log, so it is reclaimed
         // only once they are gone (reclaim takes the oldest region first and never moves

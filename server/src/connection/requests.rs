@@ -114,7 +114,7 @@ pub(crate) fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
     let status = match error.kind() {
         ErrorKind::InvalidKey => Status::InvalidKey,
         ErrorKind::InvalidRange => Status::InvalidRange,
-        ErrorKind::TooLarge => Status::TooLarge,
+        ErrorKind::TooLarge | ErrorKind::AttributesTooLarge => Status::TooLarge,
         ErrorKind::ChecksumMismatch => Status::DataCorrupt,
         ErrorKind::NoSpace => Status::NoSpace,
         ErrorKind::StoreFailed => Status::StoreFailed,
@@ -478,7 +478,9 @@ pub(super) async fn respond(
             }
             let key = object_key(&request.name)?;
             let meta = on_owner(connection, &key.clone(), move |cache| async move {
-                cache.put(key, payload, Precondition::Any, None).await
+                cache
+                    .put(key, payload, Precondition::Any, None, Vec::new())
+                    .await
             })
             .await
             .map_err(engine_failure)?;

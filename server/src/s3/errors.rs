@@ -9,6 +9,7 @@ pub(crate) fn s3_error(error: Error) -> S3Error {
         ErrorKind::InvalidKey => S3ErrorCode::InvalidArgument,
         ErrorKind::InvalidRange => S3ErrorCode::InvalidRange,
         ErrorKind::TooLarge => S3ErrorCode::EntityTooLarge,
+        ErrorKind::AttributesTooLarge => S3ErrorCode::MetadataTooLarge,
         ErrorKind::Busy => S3ErrorCode::SlowDown,
         ErrorKind::NoSpace
         | ErrorKind::OriginUnavailable

@@ -16,6 +16,7 @@
 //! - `buckets`: the bucket operations and the listings.
 //! - `errors`: the engine's errors as S3's error codes.
 
+mod attributes;
 mod auth;
 mod body;
 mod buckets;

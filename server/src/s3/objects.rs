@@ -9,11 +9,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use hydrant_engine::{
-    ByteRange, EngineHandle, Md5Tag, ObjectKey as StoreKey, ObjectMeta, Precondition,
+    Attributes, ByteRange, EngineHandle, Md5Tag, ObjectKey as StoreKey, ObjectMeta, Precondition,
+    SharedRead,
 };
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
+use super::attributes::{answer, given};
 use super::auth::Credentials;
 use super::body::{
     announced_bytes, checksum_of, request_body, BodyCheck, Pieces, Trailers, Verified,
@@ -96,6 +98,19 @@ pub(super) struct Terms {
     /// The version's MD5 tag where it is known before the body is (an assembled multipart
     /// upload's); else the MD5 the body's check computes, if it computes one.
     pub md5: Option<Md5Tag>,
+    /// Its Content-Type, user metadata and the rest (see `attributes`).
+    pub attributes: Attributes,
+}
+
+/// A version read for an answer: its metadata and attributes, the origin version tag of data
+/// read through (see `etag_of`), the body (a chunk read already, the rest as it is sent) and
+/// the range it covers (`None`: the whole object).
+pub(super) struct Found {
+    pub meta: ObjectMeta,
+    pub tag: u64,
+    pub body: StreamingBlob,
+    pub range: Option<std::ops::Range<u64>>,
+    pub attributes: Attributes,
 }
 
 /// A read's conditions, as HTTP orders them (RFC 9110): If-Match, else If-Unmodified-Since
@@ -202,7 +217,12 @@ pub(super) fn chunk_stream(
             };
             let read = engine.get_shared_key(key.clone(), Some(range)).await;
             let part = match read {
-                Ok(Some(((meta, data), tag))) if (meta.seq, tag) == version && !data.is_empty() => {
+                Ok(Some(SharedRead {
+                    meta,
+                    data,
+                    origin_version,
+                    ..
+                })) if (meta.seq, origin_version) == version && !data.is_empty() => {
                     next += data.len() as u64;
                     Ok(data)
                 }
@@ -326,6 +346,7 @@ impl Gateway {
         let terms = Terms {
             precondition: Precondition::Any,
             md5,
+            attributes: Attributes::default(),
         };
         self.store_if(key, bytes, body, check, trailers, terms)
             .await
@@ -345,7 +366,11 @@ impl Gateway {
     where
         S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
     {
-        let Terms { precondition, md5 } = terms;
+        let Terms {
+            precondition,
+            md5,
+            attributes,
+        } = terms;
         let mut pieces = Pieces::new(body);
         let chunk_bytes = self.engine.chunk_bytes();
         let short = |got: u64| {
@@ -371,7 +396,7 @@ impl Gateway {
             let data = std::mem::take(&mut room.data);
             let meta = self
                 .engine
-                .put_tagged(key, data, precondition, tag)
+                .put_tagged(key, data, precondition, tag, &attributes)
                 .await
                 .map_err(engine_error)?;
             drop(room);
@@ -379,7 +404,7 @@ impl Gateway {
         }
         let (sink, done) = self
             .engine
-            .put_stream_key(key, bytes, precondition)
+            .put_stream_key(key, bytes, precondition, &attributes)
             .map_err(engine_error)?;
         let done = super::spawn(done);
         let mut sent = 0u64;
@@ -439,13 +464,13 @@ impl Gateway {
         StoreKey::new(bucket, key).map_err(engine_error)
     }
 
-    /// The whole object or a range of it, with its metadata.
+    /// The whole object or a range of it, with its metadata and attributes.
     pub(super) async fn read(
         &self,
         bucket: &str,
         key: &str,
         range: Option<Range>,
-    ) -> S3Result<(ObjectMeta, u64, StreamingBlob, Option<std::ops::Range<u64>>)> {
+    ) -> S3Result<Found> {
         let store_key = Self::key_of(bucket, key)?;
         let chunk = self.engine.chunk_bytes();
         // The first read: the range's first chunk (the object's, for a suffix or no range).
@@ -470,7 +495,12 @@ impl Gateway {
                 }),
             )
             .await;
-        let ((meta, data), tag) = match first {
+        let SharedRead {
+            meta,
+            data,
+            origin_version: tag,
+            attributes,
+        } = match first {
             Ok(Some(found)) => found,
             Ok(None) => return Err(no_such_key(bucket, key)),
             Err(error) if error.kind() == hydrant_engine::ErrorKind::InvalidRange => {
@@ -496,7 +526,13 @@ impl Gateway {
             data.truncate((end - start) as usize);
             body_of(&self.engine, store_key, &meta, tag, data, start, end)
         };
-        Ok((meta, tag, body, resolved))
+        Ok(Found {
+            meta,
+            tag,
+            body,
+            range: resolved,
+            attributes,
+        })
     }
 }
 
@@ -527,7 +563,13 @@ impl S3 for Gateway {
                 "this object is stored whole: its only part is 1"
             ));
         }
-        let (meta, tag, body, range) = self.read(&input.bucket, &input.key, input.range).await?;
+        let Found {
+            meta,
+            tag,
+            body,
+            range,
+            attributes,
+        } = self.read(&input.bucket, &input.key, input.range).await?;
         let etag = etag_of(&meta, tag);
         let modified = modified_of(&meta);
         check_read_conditions(
@@ -550,7 +592,7 @@ impl S3 for Gateway {
             ),
             None => (meta.bytes, None),
         };
-        let output = GetObjectOutput {
+        let mut output = GetObjectOutput {
             body: Some(body),
             content_length: Some(length as i64),
             content_range,
@@ -560,6 +602,32 @@ impl S3 for Gateway {
             parts_count: input.part_number.map(|_| 1),
             ..Default::default()
         };
+        answer!(output, attributes);
+        // The response-* parameters override what is kept, for this answer only.
+        let overrides = [
+            (&mut output.content_type, input.response_content_type),
+            (
+                &mut output.content_encoding,
+                input.response_content_encoding,
+            ),
+            (
+                &mut output.content_disposition,
+                input.response_content_disposition,
+            ),
+            (
+                &mut output.content_language,
+                input.response_content_language,
+            ),
+            (&mut output.cache_control, input.response_cache_control),
+        ];
+        for (field, given) in overrides {
+            if given.is_some() {
+                *field = given;
+            }
+        }
+        if input.response_expires.is_some() {
+            output.expires = input.response_expires;
+        }
         Ok(S3Response::new(output))
     }
 
@@ -568,9 +636,9 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
-        let meta = self
+        let (meta, attributes) = self
             .engine
-            .head(&input.bucket, &input.key)
+            .head_described(Self::key_of(&input.bucket, &input.key)?)
             .await
             .map_err(engine_error)?
             .ok_or_else(|| no_such_key(&input.bucket, &input.key))?;
@@ -589,13 +657,14 @@ impl S3 for Gateway {
                 input.if_unmodified_since.as_ref(),
             )?;
         }
-        let output = HeadObjectOutput {
+        let mut output = HeadObjectOutput {
             content_length: Some(meta.bytes as i64),
             accept_ranges: Some("bytes".to_string()),
             e_tag: Some(etag),
             last_modified: Some(modified.unwrap_or_else(last_modified)),
             ..Default::default()
         };
+        answer!(output, attributes);
         Ok(S3Response::new(output))
     }
 
@@ -606,6 +675,7 @@ impl S3 for Gateway {
         let bytes = announced_bytes(&req.headers, req.input.content_length)?;
         let mut input = req.input;
         let (body, trailers) = request_body(&req.headers, input.body.take(), req.trailing_headers)?;
+        let attributes = given!(input)?;
         // Conditional writes: If-None-Match: * (create only) and If-Match (replace only the
         // version the writer read). Checked before the body is taken (a write bound to fail
         // does not read it), and again on the key's shard under its lock just before the
@@ -661,6 +731,7 @@ impl S3 for Gateway {
                 Terms {
                     precondition,
                     md5: None,
+                    attributes,
                 },
             )
             .await?;
@@ -749,7 +820,35 @@ impl S3 for Gateway {
         let input = req.input;
         let (source_bucket, source_key) =
             self.copy_source(&input.copy_source, req.credentials.as_ref())?;
-        let (meta, tag, body, _) = self.read(source_bucket, source_key, None).await?;
+        // The copy keeps the source's attributes, or takes the request's (REPLACE).
+        let replace = match input
+            .metadata_directive
+            .as_ref()
+            .map(|given| given.as_str())
+        {
+            None | Some(MetadataDirective::COPY) => false,
+            Some(MetadataDirective::REPLACE) => true,
+            Some(other) => {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "x-amz-metadata-directive is COPY or REPLACE, not {other:?}"
+                ))
+            }
+        };
+        if !replace && (source_bucket, source_key) == (input.bucket.as_str(), input.key.as_str()) {
+            return Err(s3_error!(
+                InvalidRequest,
+                "this copy request is illegal because it is trying to copy an object to itself without changing its metadata (send x-amz-metadata-directive: REPLACE)"
+            ));
+        }
+        let given = if replace { Some(given!(input)?) } else { None };
+        let Found {
+            meta,
+            tag,
+            body,
+            attributes,
+            ..
+        } = self.read(source_bucket, source_key, None).await?;
         check_source_conditions(
             &etag_of(&meta, tag),
             input.copy_source_if_match.as_ref(),
@@ -758,14 +857,19 @@ impl S3 for Gateway {
         // The copy's ETag is the MD5 of its bytes, as a PUT's (S3's, for a copy of a
         // multipart object too).
         let check = BodyCheck::empty(Checksum::default()).with_md5();
+        let terms = Terms {
+            precondition: Precondition::Any,
+            md5: None,
+            attributes: given.unwrap_or(attributes),
+        };
         let (stored, _) = self
-            .store(
+            .store_if(
                 Self::key_of(&input.bucket, &input.key)?,
                 meta.bytes,
                 body.boxed(),
                 check,
                 &Trailers::None,
-                None,
+                terms,
             )
             .await?;
         let output = CopyObjectOutput {

@@ -7,7 +7,13 @@ two phases with the server killed and started again between them:
     python3 THIS PHASE ENDPOINT STATE_FILE
 
 PHASE `write` stores the objects and checks them, writing what it saw to STATE_FILE; `check`
-(after the restart) checks that the same ETags and times come back."""
+(after the restart) checks that the same ETags and times come back.
+
+Beside them, each object's attributes: Content-Type (S3's binary/octet-stream where none was
+given), Content-Encoding, Content-Disposition, Content-Language, Cache-Control, Expires and
+user metadata, from PUT, a streamed PUT, a multipart upload and copies (kept, or replaced with
+x-amz-metadata-directive: REPLACE), the same from GET and HEAD and after the restart; metadata
+over S3's 2 KB is MetadataTooLarge and nothing is stored."""
 
 import datetime
 import hashlib
@@ -65,6 +71,23 @@ def seen(key):
     assert len(etags) == 1, (key, etags)
     assert len(times) == 1, (key, times)
     return etags.pop(), times.pop().timestamp()
+
+
+ATTRIBUTE_FIELDS = ["ContentType", "ContentEncoding", "ContentDisposition", "ContentLanguage", "CacheControl", "Metadata"]
+
+
+def described(key):
+    """The object's attributes from HEAD and GET, which must agree."""
+    head = s3.head_object(Bucket=bucket, Key=key)
+    got = s3.get_object(Bucket=bucket, Key=key)
+    got["Body"].read()
+    answers = []
+    for answer in (head, got):
+        fields = {field: answer.get(field) for field in ATTRIBUTE_FIELDS}
+        fields["Expires"] = answer.get("ExpiresString") or (answer["Expires"].isoformat() if "Expires" in answer else None)
+        answers.append(fields)
+    assert answers[0] == answers[1], (key, answers)
+    return answers[0]
 
 
 small = contents(1, 100_001)
@@ -127,15 +150,89 @@ if phase == "write":
     assert s3.put_object(Bucket=bucket, Key="cas", Body=b"two", IfMatch=replaced["ETag"])["ETag"] == md5_etag(b"two")
     assert status_of(lambda: s3.put_object(Bucket=bucket, Key="cas", Body=b"three", IfMatch=replaced["ETag"])) == 412
     state["cas"] = [md5_etag(b"two"), seen("cas")[1]]
+
+    # Attributes.
+    full = dict(
+        ContentType="application/x-tar",
+        ContentEncoding="gzip",
+        ContentDisposition='attachment; filename="shard-0.tar"',
+        ContentLanguage="en",
+        CacheControl="max-age=600",
+        Expires=datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+        Metadata={"epoch": "3", "written-by": "rank-0"},
+    )
+    s3.put_object(Bucket=bucket, Key="described/small", Body=small, **full)
+    s3.put_object(Bucket=bucket, Key="described/large", Body=large, ContentType="application/json", Metadata={"big": "yes"})
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="described/multi", ContentType="text/csv", Metadata={"parts": "3"})["UploadId"]
+    done = []
+    for number, part in enumerate(parts, start=1):
+        answer = s3.upload_part(Bucket=bucket, Key="described/multi", UploadId=upload, PartNumber=number, Body=part)
+        done.append({"PartNumber": number, "ETag": answer["ETag"]})
+    s3.complete_multipart_upload(Bucket=bucket, Key="described/multi", UploadId=upload, MultipartUpload={"Parts": done})
+    s3.copy_object(Bucket=bucket, Key="described/kept", CopySource={"Bucket": bucket, "Key": "described/small"})
+    s3.copy_object(
+        Bucket=bucket, Key="described/replaced", CopySource={"Bucket": bucket, "Key": "described/small"},
+        MetadataDirective="REPLACE", ContentType="image/png", Metadata={"copied": "1"},
+    )
+    # A copy onto itself changes its attributes only with REPLACE (as S3 requires).
+    s3.put_object(Bucket=bucket, Key="described/self", Body=b"x", ContentType="text/plain")
+    assert status_of(lambda: s3.copy_object(Bucket=bucket, Key="described/self", CopySource={"Bucket": bucket, "Key": "described/self"})) == 400
+    s3.copy_object(
+        Bucket=bucket, Key="described/self", CopySource={"Bucket": bucket, "Key": "described/self"},
+        MetadataDirective="REPLACE", ContentType="text/markdown",
+    )
+    # A new version without attributes has none (S3's default type), whatever the older had.
+    s3.put_object(Bucket=bucket, Key="described/plain", Body=b"old", ContentType="text/plain", Metadata={"old": "1"})
+    s3.put_object(Bucket=bucket, Key="described/plain", Body=b"new")
+    # Over S3's 2 KB of user metadata: refused, and nothing is stored.
+    try:
+        s3.put_object(Bucket=bucket, Key="described/too-much", Body=b"x", Metadata={"k": "v" * 2100})
+        raise AssertionError("2 KB of metadata was taken")
+    except ClientError as error:
+        assert error.response["Error"]["Code"] == "MetadataTooLarge", error.response
+    assert status_of(lambda: s3.head_object(Bucket=bucket, Key="described/too-much")) == 404
+    # The response-* parameters change one answer only.
+    overridden = s3.get_object(Bucket=bucket, Key="described/small", ResponseContentType="text/plain", ResponseCacheControl="no-store")
+    assert (overridden["ContentType"], overridden["CacheControl"]) == ("text/plain", "no-store"), overridden
+    assert overridden["Metadata"] == full["Metadata"], overridden
+
+    def expect(**fields):
+        want = {field: None for field in ATTRIBUTE_FIELDS}
+        want["ContentType"] = "binary/octet-stream"
+        want["Metadata"] = {}
+        want["Expires"] = None
+        want.update(fields)
+        return want
+
+    expires = "Wed, 02 Jan 2030 03:04:05 GMT"
+    small_attributes = expect(**{**full, "Expires": expires})
+    attributes = {
+        "described/small": small_attributes,
+        "described/large": expect(ContentType="application/json", Metadata={"big": "yes"}),
+        "described/multi": expect(ContentType="text/csv", Metadata={"parts": "3"}),
+        "described/kept": small_attributes,
+        "described/replaced": expect(ContentType="image/png", Metadata={"copied": "1"}),
+        "described/self": expect(ContentType="text/markdown"),
+        "described/plain": expect(),
+    }
+    for key, want in attributes.items():
+        got = described(key)
+        if got["Expires"] not in (None, want["Expires"]):
+            # botocore without ExpiresString parses it into a time.
+            got["Expires"] = expires if got["Expires"].startswith("2030-01-02T03:04:05") else got["Expires"]
+        assert got == want, (key, got, want)
+    state["attributes"] = {key: described(key) for key in attributes}
     with open(state_file, "w") as out:
         json.dump(state, out)
     print("ETags and times: as S3 makes them, from every answer, and stable")
 elif phase == "check":
     with open(state_file) as saved:
         state = json.load(saved)
+    for key, want in state.pop("attributes").items():
+        assert described(key) == want, (key, described(key), want)
     for key, (etag, modified) in state.items():
         assert seen(key) == (etag, modified), (key, seen(key), etag, modified)
     assert hashlib.md5(s3.get_object(Bucket=bucket, Key="large")["Body"].read()).hexdigest() == hashlib.md5(large).hexdigest()
-    print("ETags and times: the same after the server was killed and started again")
+    print("ETags, times and attributes: the same after the server was killed and started again")
 else:
     raise SystemExit(f"unknown phase {phase}")

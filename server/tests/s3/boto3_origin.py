@@ -52,6 +52,15 @@ WRITTEN = {
 }
 
 
+# What the written objects say of themselves (none for the last): it reaches the origin with
+# them, in one PUT and in parts alike.
+ATTRIBUTES = {
+    "written/small-default": {"ContentType": "application/json", "CacheControl": "max-age=60", "Metadata": {"epoch": "1"}},
+    "written/large-default": {"ContentType": "application/x-tar", "ContentDisposition": "attachment", "Metadata": {"shard": "7", "rank": "0"}},
+    "written/large-sha256": {},
+}
+
+
 def contents(seed, size):
     """The same bytes in every phase (and every run), so that later phases can check them."""
     return random.Random(seed).randbytes(size)
@@ -160,7 +169,7 @@ def write_phase():
     for key, (seed, size, algorithm) in WRITTEN.items():
         data = contents(seed, size)
         extra = {"ChecksumAlgorithm": algorithm} if algorithm else {}
-        answer = hydrant.put_object(Bucket=bucket, Key=key, Body=data, **extra)
+        answer = hydrant.put_object(Bucket=bucket, Key=key, Body=data, **extra, **ATTRIBUTES[key])
         assert answer["ResponseMetadata"]["HTTPStatusCode"] == 200, answer
         if algorithm:
             assert answer.get(f"Checksum{algorithm}") == expected_checksum(algorithm, data), answer
@@ -197,6 +206,11 @@ def flushed_phase():
             assert len(parts) == 2 and int(parts[1]) >= 2, f"{key} reached the origin in parts: {etag}"
         else:
             assert etag == hashlib.md5(data).hexdigest(), f"{key} reached the origin in one PUT: {etag}"
+        # Its attributes went with it.
+        at_origin = origin.head_object(Bucket=origin_bucket, Key=origin_key(key))
+        want = {"ContentType": "binary/octet-stream", "Metadata": {}, **ATTRIBUTES[key]}
+        got = {field: at_origin.get(field) for field in want}
+        assert got == want, (key, got, want)
     # Every object is still served and listed through hydrant after the FLUSH.
     for key, (seed, size, _) in WRITTEN.items():
         check_whole(key, contents(seed, size))
