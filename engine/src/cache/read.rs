@@ -3,15 +3,22 @@
 use super::*;
 
 impl Cache {
-    /// The attributes of version `seq` of `key` as stored here (none for `seq` 0: data read
-    /// through from the origin); `None` when that version is no longer the stored one.
+    /// The attributes of version `seq` of `key` as stored here, or for `seq` 0 (an answer
+    /// from the origin: data read through, or a HEAD of an object not here) as the origin last
+    /// said them; `None` when that version is no longer the stored one.
     pub async fn attributes(
         &self,
         key: &ObjectKey,
         seq: u64,
     ) -> Result<Option<crate::attributes::Attributes>> {
         if seq == 0 {
-            return Ok(Some(Default::default()));
+            let said = match self.route(key) {
+                Ok(Some((origin, _))) => origin.reads.last_seen(key),
+                _ => None,
+            };
+            return Ok(Some(
+                said.map(|version| version.attributes).unwrap_or_default(),
+            ));
         }
         self.store.attributes(key, seq).await
     }

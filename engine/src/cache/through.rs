@@ -87,11 +87,8 @@ impl Cache {
                 let read = answer(&version, 0, &data, range)?;
                 let _guard = self.locks.lock(key).await;
                 if stored_seq(&self.store, key) == Some(seq) && watch.unchanged() {
-                    let stamp = version.stamp();
-                    origin.reads.remember(key, version);
-                    self.store
-                        .put_stamped(key.clone(), &data, false, stamp, &[])
-                        .await?;
+                    origin.reads.remember(key, version.clone());
+                    put_from_origin(&self.store, key, &data, &version).await?;
                 }
                 Ok(Revalidated::Replaced(read))
             }
@@ -498,6 +495,30 @@ pub(super) fn answer(
     })
 }
 
+/// Store `data` read from the origin as `key`, with what the origin says of it: its time, its
+/// MD5 tag, and its attributes (left out where they do not fit beside the key: the bytes
+/// matter more).
+async fn put_from_origin(
+    store: &Store,
+    key: &ObjectKey,
+    data: &[u8],
+    version: &OriginVersion,
+) -> Result<ObjectMeta> {
+    let attributes = version.attributes.encode().unwrap_or_default();
+    let stamp = version.stamp();
+    match store
+        .put_stamped(key.clone(), data, false, stamp, &attributes)
+        .await
+    {
+        Err(error) if error.kind() == ErrorKind::AttributesTooLarge => {
+            store
+                .put_stamped(key.clone(), data, false, stamp, &[])
+                .await
+        }
+        stored => stored,
+    }
+}
+
 /// Putting what an origin read returned into the store.
 pub(super) struct Admission<'a> {
     store: &'a Store,
@@ -549,8 +570,7 @@ impl Admission<'_> {
                 return; // a write not yet at the origin is never replaced by origin bytes
             }
             self.reads.remember(self.key, version.clone());
-            self.store
-                .put_stamped(self.key.clone(), data, false, version.stamp(), &[])
+            put_from_origin(self.store, self.key, data, version)
                 .await
                 .map(|_| ())
         } else {

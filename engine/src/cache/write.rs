@@ -88,10 +88,15 @@ impl Cache {
                 let bytes = data.len() as u64;
                 let data = Bytes::from(data);
                 let origins = origin.origins.clone();
-                let kept = remote::origin_attributes(
-                    &route,
-                    &crate::attributes::Attributes::decode(&attributes).unwrap_or_default(),
-                );
+                let described =
+                    crate::attributes::Attributes::decode(&attributes).unwrap_or_default();
+                let kept = remote::origin_attributes(&route, &described);
+                // What the origin keeps of them is what a read through it later says.
+                let described = if kept.is_empty() {
+                    Default::default()
+                } else {
+                    described
+                };
                 let etag = if bytes > origins.config().multipart_threshold_bytes {
                     put_multipart_from_memory(&origins, &route, path, data.clone(), kept).await?
                 } else {
@@ -117,6 +122,7 @@ impl Cache {
                                 bytes,
                                 etag,
                                 modified_ms: 0,
+                                attributes: described,
                             },
                         );
                         Ok(meta)

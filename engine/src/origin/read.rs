@@ -400,6 +400,7 @@ mod tests {
                                 bytes: 1 << 40,
                                 etag: None,
                                 modified_ms: 0,
+                                attributes: Default::default(),
                             },
                             start: 0,
                             data: bytes::Bytes::from(vec![0u8; READ_BYTES as usize]),

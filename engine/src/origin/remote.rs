@@ -25,6 +25,9 @@ pub struct OriginVersion {
     pub etag: Option<String>,
     /// Milliseconds since the Unix epoch; 0 where the answer did not say (a write's).
     pub modified_ms: u64,
+    /// What the origin keeps of the object beside its bytes (its Content-Type, user
+    /// metadata...), as far as the answer said: a GET's and a HEAD's say, a listing's do not.
+    pub attributes: crate::Attributes,
 }
 
 /// Versions are the same by size and ETag; the time is what an answer said of the version,
@@ -428,6 +431,7 @@ pub(crate) async fn fetch(
         bytes: result.meta.size,
         etag: result.meta.e_tag.clone(),
         modified_ms: crate::stamp::ms_of(result.meta.last_modified.into()),
+        attributes: attributes_from_origin(&result.attributes),
     };
     let start = result.range.start;
     let wanted = if range.is_some() {
@@ -509,11 +513,17 @@ pub(crate) async fn head(
     path: Path,
 ) -> Result<Option<OriginVersion>> {
     origins.counters.heads.fetch_add(1, Ordering::Relaxed);
-    match route.store.head(&path).await {
-        Ok(meta) => Ok(Some(OriginVersion {
-            bytes: meta.size,
-            etag: meta.e_tag,
-            modified_ms: crate::stamp::ms_of(meta.last_modified.into()),
+    // A GET without its body: a HEAD that also says the object's attributes.
+    let options = GetOptions {
+        head: true,
+        ..Default::default()
+    };
+    match route.store.get_opts(&path, options).await {
+        Ok(result) => Ok(Some(OriginVersion {
+            bytes: result.meta.size,
+            etag: result.meta.e_tag,
+            modified_ms: crate::stamp::ms_of(result.meta.last_modified.into()),
+            attributes: attributes_from_origin(&result.attributes),
         })),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(error) if names_nothing(&error) => Ok(None),
@@ -564,6 +574,32 @@ fn remove_staged_before(file: &std::path::Path, opened_at: std::time::SystemTime
             Err(error) => log::warn!("cannot remove {}: {error}", staged.display()),
         }
     }
+}
+
+/// What an origin's answer says of an object beside its bytes, as the engine keeps it (none
+/// when they would not fit: the bytes matter more).
+fn attributes_from_origin(kept: &object_store::Attributes) -> crate::Attributes {
+    use object_store::Attribute;
+    let mut attributes = crate::Attributes::default();
+    for (attribute, value) in kept {
+        let value = value.to_string();
+        match attribute {
+            Attribute::ContentType => attributes.content_type = Some(value),
+            Attribute::ContentEncoding => attributes.content_encoding = Some(value),
+            Attribute::ContentDisposition => attributes.content_disposition = Some(value),
+            Attribute::ContentLanguage => attributes.content_language = Some(value),
+            Attribute::CacheControl => attributes.cache_control = Some(value),
+            Attribute::Metadata(name) => {
+                attributes.metadata.push((name.to_ascii_lowercase(), value))
+            }
+            _ => {}
+        }
+    }
+    attributes.metadata.sort();
+    if attributes.encode().is_err() {
+        return crate::Attributes::default();
+    }
+    attributes
 }
 
 /// An object's attributes as `route`'s origin keeps them: an object store all but Expires
@@ -917,6 +953,7 @@ pub(crate) async fn list(
                 bytes: meta.size,
                 etag: meta.e_tag,
                 modified_ms: crate::stamp::ms_of(meta.last_modified.into()),
+                attributes: Default::default(),
             };
             found.push((key, version));
         } else if route.listing_sorted

@@ -263,7 +263,7 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
     writes.uploading.borrow_mut().remove(&upload.key);
     writes.changed.wake_all();
     match outcome {
-        Ok(Some(etag)) => {
+        Ok(Some((etag, attributes))) => {
             origin
                 .origins
                 .counters
@@ -291,6 +291,7 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
                         bytes: upload.bytes,
                         etag,
                         modified_ms: 0,
+                        attributes,
                     },
                 );
             }
@@ -401,39 +402,46 @@ fn finish(uploader: &Uploader, upload: &Upload) {
 }
 
 /// Upload one version; `Ok(None)` when it stopped being the stored version midway, else the
-/// origin's ETag (when it gives one).
+/// origin's ETag (when it gives one) and the attributes it keeps of the version.
 async fn upload_version(
     uploader: &Uploader,
     route: &Arc<Route>,
     upload: &mut Upload,
-) -> Result<Option<Option<String>>> {
+) -> Result<Option<(Option<String>, crate::Attributes)>> {
     let origins = uploader.origin.origins.clone();
     let path = route.path(upload.key.key())?;
     let config = origins.config().clone();
     // The version's Content-Type, user metadata and the rest go to the origin with it.
-    let Some(attributes) = uploader.store.attributes(&upload.key, upload.seq).await? else {
+    let Some(described) = uploader.store.attributes(&upload.key, upload.seq).await? else {
         return Ok(None);
     };
-    let attributes = remote::origin_attributes(route, &attributes);
-    if upload.bytes <= config.multipart_threshold_bytes {
+    let attributes = remote::origin_attributes(route, &described);
+    let kept = if attributes.is_empty() {
+        Default::default()
+    } else {
+        described
+    };
+    let etag = if upload.bytes <= config.multipart_threshold_bytes {
         let Some(data) = read_part(uploader, upload, 0, upload.bytes).await? else {
             return Ok(None);
         };
-        let etag = origins
-            .run(remote::put(
-                origins.clone(),
-                route.clone(),
-                path,
-                data,
-                attributes,
-            ))
-            .await?;
-        return Ok(Some(etag));
-    }
-    if route.parts.is_none() {
-        return upload_whole(uploader, route, upload, path, attributes).await;
-    }
-    super::parts::upload_in_parts(uploader, route, upload, path, attributes).await
+        Some(
+            origins
+                .run(remote::put(
+                    origins.clone(),
+                    route.clone(),
+                    path,
+                    data,
+                    attributes,
+                ))
+                .await?,
+        )
+    } else if route.parts.is_none() {
+        upload_whole(uploader, route, upload, path, attributes).await?
+    } else {
+        super::parts::upload_in_parts(uploader, route, upload, path, attributes).await?
+    };
+    Ok(etag.map(|etag| (etag, kept)))
 }
 
 /// Upload a version in parts to an origin without part-wise uploads (a local folder): each

@@ -44,6 +44,11 @@ origin = boto3.client(
 # Objects put straight into the origin: one smaller than a chunk, one of several chunks (and
 # not a whole number of them).
 READ = {"read/small": (1, 100_003), "read/large": (2, (20 << 20) + 12_345)}
+# What the origin keeps of them beside their bytes, which hydrant answers too.
+READ_ATTRIBUTES = {
+    "read/small": {"ContentType": "text/csv", "ContentLanguage": "de", "Metadata": {"source": "origin"}},
+    "read/large": {"ContentType": "application/x-tar", "CacheControl": "max-age=5", "Metadata": {"shard": "2"}},
+}
 # Objects put through hydrant: (seed, size, checksum algorithm or None for boto3's default).
 WRITTEN = {
     "written/small-default": (11, 300_001, None),
@@ -129,7 +134,12 @@ def read_phase():
     hydrant.head_bucket(Bucket=bucket)
     assert origin_keys("") == [], f"the origin bucket starts empty: {origin_keys('')}"
     for key, (seed, size) in READ.items():
-        origin.put_object(Bucket=origin_bucket, Key=origin_key(key), Body=contents(seed, size))
+        origin.put_object(Bucket=origin_bucket, Key=origin_key(key), Body=contents(seed, size), **READ_ATTRIBUTES[key])
+
+    def check_attributes(key, answer):
+        got = {field: answer.get(field) for field in READ_ATTRIBUTES[key]}
+        assert got == READ_ATTRIBUTES[key], (key, got, READ_ATTRIBUTES[key])
+
     for key, (seed, size) in READ.items():
         data = contents(seed, size)
         # What the origin says of the object, hydrant says too: its ETag (S3's MD5) and time,
@@ -139,6 +149,7 @@ def read_phase():
         head = hydrant.head_object(Bucket=bucket, Key=key)
         assert head["ContentLength"] == size, key
         assert (head["ETag"], head["LastModified"]) == said, (key, head, said)
+        check_attributes(key, head)
         # Ranges first, while the object is cold (only the chunks touched come from the
         # origin), then the whole object, then the ranges again from what is cached.
         check_ranges(key, data)
@@ -147,8 +158,18 @@ def read_phase():
         got = hydrant.get_object(Bucket=bucket, Key=key)
         got["Body"].read()
         assert (got["ETag"], got["LastModified"]) == said, (key, got, said)
+        # From the copy here (the small one) or through again (the large one's chunks).
+        check_attributes(key, got)
+        check_attributes(key, hydrant.head_object(Bucket=bucket, Key=key))
         listed = hydrant.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"]
         assert [(o["ETag"], o["LastModified"]) for o in listed] == [said], (key, listed, said)
+    # A GET with no HEAD before it answers them too, cold and then from the copy here.
+    origin.put_object(Bucket=origin_bucket, Key=origin_key("cold/get"), Body=b"cold", ContentType="text/plain", Metadata={"first": "get"})
+    for _ in range(2):
+        got = hydrant.get_object(Bucket=bucket, Key="cold/get")
+        assert got["Body"].read() == b"cold"
+        assert (got["ContentType"], got["Metadata"]) == ("text/plain", {"first": "get"}), got
+    hydrant.delete_object(Bucket=bucket, Key="cold/get")
     assert error_code(lambda: hydrant.get_object(Bucket=bucket, Key="read/missing")) == "NoSuchKey"
     expected = sorted((key, size) for key, (_, size) in READ.items())
     assert hydrant_listing("read/") == expected, hydrant_listing("read/")
