@@ -17,7 +17,8 @@ impl Cache {
                 _ => None,
             };
             return Ok(Some(
-                said.map(|version| version.attributes).unwrap_or_default(),
+                said.map(|version| (*version.attributes).clone())
+                    .unwrap_or_default(),
             ));
         }
         self.store.attributes(key, seq).await

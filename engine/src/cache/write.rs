@@ -122,7 +122,7 @@ impl Cache {
                                 bytes,
                                 etag,
                                 modified_ms: 0,
-                                attributes: described,
+                                attributes: Arc::new(described),
                             },
                         );
                         Ok(meta)

@@ -27,7 +27,7 @@ pub struct OriginVersion {
     pub modified_ms: u64,
     /// What the origin keeps of the object beside its bytes (its Content-Type, user
     /// metadata...), as far as the answer said: a GET's and a HEAD's say, a listing's do not.
-    pub attributes: crate::Attributes,
+    pub attributes: Arc<crate::Attributes>,
 }
 
 /// Versions are the same by size and ETag; the time is what an answer said of the version,
@@ -431,7 +431,7 @@ pub(crate) async fn fetch(
         bytes: result.meta.size,
         etag: result.meta.e_tag.clone(),
         modified_ms: crate::stamp::ms_of(result.meta.last_modified.into()),
-        attributes: attributes_from_origin(&result.attributes),
+        attributes: Arc::new(attributes_from_origin(&result.attributes)),
     };
     let start = result.range.start;
     let wanted = if range.is_some() {
@@ -523,7 +523,7 @@ pub(crate) async fn head(
             bytes: result.meta.size,
             etag: result.meta.e_tag,
             modified_ms: crate::stamp::ms_of(result.meta.last_modified.into()),
-            attributes: attributes_from_origin(&result.attributes),
+            attributes: Arc::new(attributes_from_origin(&result.attributes)),
         })),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(error) if names_nothing(&error) => Ok(None),

@@ -291,7 +291,7 @@ async fn upload_one(uploader: &Rc<Uploader>, mut upload: Upload) {
                         bytes: upload.bytes,
                         etag,
                         modified_ms: 0,
-                        attributes,
+                        attributes: Arc::new(attributes),
                     },
                 );
             }
