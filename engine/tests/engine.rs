@@ -611,7 +611,7 @@ fn an_objects_attributes_come_back_with_its_version_through_reclaim_and_reopenin
                 .unwrap()
                 .expect("stored");
             assert_eq!(&attributes, want, "{name}: HEAD");
-            let read = block_on(engine.get_shared_key(key(name), None))
+            let read = block_on(engine.get_shared_described(key(name), None))
                 .unwrap()
                 .expect("stored");
             assert_eq!(&read.attributes, want, "{name}: GET");

@@ -437,13 +437,32 @@ impl EngineHandle {
         })
     }
 
-    /// `get_versioned_key` with the bytes in a buffer other threads may hold (a DRAM hit's
-    /// bytes are shared with the tier rather than copied, see `ReadData::into_shared`), and the
-    /// version's attributes (none for data read through from the origin).
+    /// `get_versioned_key` with the bytes in a buffer other threads may hold: a DRAM hit's
+    /// bytes are shared with the tier rather than copied (see `ReadData::into_shared`). Its
+    /// `attributes` are left empty (see `get_shared_described`).
     pub fn get_shared_key(
         &self,
         key: ObjectKey,
         range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<SharedRead>>> + Send + 'static {
+        self.get_shared(key, range, false)
+    }
+
+    /// `get_shared_key` with the version's attributes (for a version that has some, one more
+    /// read of its first header block; from the origin, as it last said them).
+    pub fn get_shared_described(
+        &self,
+        key: ObjectKey,
+        range: Option<ByteRange>,
+    ) -> impl Future<Output = Result<Option<SharedRead>>> + Send + 'static {
+        self.get_shared(key, range, true)
+    }
+
+    fn get_shared(
+        &self,
+        key: ObjectKey,
+        range: Option<ByteRange>,
+        described: bool,
     ) -> impl Future<Output = Result<Option<SharedRead>>> + Send + 'static {
         let shard = self.shard_of(&key);
         self.on_shard(shard, move |cache| async move {
@@ -451,8 +470,13 @@ impl EngineHandle {
                 let Some(read) = cache.get_parts(&key, range).await? else {
                     return Ok(None);
                 };
-                let Some(attributes) = cache.attributes(&key, read.seq).await? else {
-                    continue; // replaced since it was read: read the new version
+                let attributes = if described {
+                    match cache.attributes(&key, read.seq).await? {
+                        Some(attributes) => attributes,
+                        None => continue, // replaced since it was read: read the new version
+                    }
+                } else {
+                    Attributes::default()
                 };
                 let meta = ObjectMeta {
                     bucket: key.bucket().to_string(),

@@ -487,7 +487,7 @@ impl Gateway {
         };
         let first = self
             .engine
-            .get_shared_key(
+            .get_shared_described(
                 store_key.clone(),
                 Some(ByteRange {
                     start: start.min(first_end),
