@@ -161,6 +161,65 @@ fn too_large(message: String) -> Error {
     Error::new(ErrorKind::AttributesTooLarge, message)
 }
 
+/// Bytes of decoded attributes one shard keeps of versions it read them for
+/// (`AttributesCache`).
+pub const ATTRIBUTES_CACHED_BYTES_MAX: usize = 8 << 20;
+
+/// Decoded attributes of versions read recently, by the version's seq, so that GET and HEAD of
+/// an object with attributes read its header block once, not at every request (its bytes may
+/// be in the DRAM tier). A seq names one version of one key of the shard, so an entry is never
+/// wrong for the seq it names: one of a replaced version is not asked for again and ages out.
+/// First in, first out within `ATTRIBUTES_CACHED_BYTES_MAX`.
+#[derive(Default)]
+pub(crate) struct AttributesCache {
+    by_seq: std::collections::HashMap<u64, std::rc::Rc<Attributes>>,
+    order: std::collections::VecDeque<(u64, usize)>,
+    bytes: usize,
+}
+
+impl AttributesCache {
+    /// What one entry is counted as: its strings and the map's and queue's share.
+    fn cost(attributes: &Attributes) -> usize {
+        let strings: usize = attributes
+            .fields()
+            .iter()
+            .filter_map(|(_, field)| field.as_ref().map(String::len))
+            .sum::<usize>()
+            + attributes
+                .metadata
+                .iter()
+                .map(|(name, value)| name.len() + value.len() + 48)
+                .sum::<usize>();
+        strings + std::mem::size_of::<Attributes>() + 64
+    }
+
+    pub(crate) fn get(&self, seq: u64) -> Option<std::rc::Rc<Attributes>> {
+        self.by_seq.get(&seq).cloned()
+    }
+
+    pub(crate) fn insert(&mut self, seq: u64, attributes: std::rc::Rc<Attributes>) {
+        let cost = Self::cost(&attributes);
+        if cost > ATTRIBUTES_CACHED_BYTES_MAX || self.by_seq.contains_key(&seq) {
+            return;
+        }
+        while self.bytes + cost > ATTRIBUTES_CACHED_BYTES_MAX {
+            let Some((oldest, oldest_cost)) = self.order.pop_front() else {
+                break;
+            };
+            self.by_seq.remove(&oldest);
+            self.bytes -= oldest_cost;
+        }
+        self.by_seq.insert(seq, attributes);
+        self.order.push_back((seq, cost));
+        self.bytes += cost;
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +261,21 @@ mod tests {
         let mut version = bytes;
         version[0] = 2;
         assert_eq!(Attributes::decode(&version), None);
+    }
+
+    #[test]
+    fn the_cache_keeps_the_newest_within_its_bound() {
+        let mut cache = AttributesCache::default();
+        let one = std::rc::Rc::new(sample());
+        let cost = AttributesCache::cost(&one);
+        let fit = ATTRIBUTES_CACHED_BYTES_MAX / cost;
+        for seq in 0..(fit as u64 + 10) {
+            cache.insert(seq, one.clone());
+            assert!(cache.bytes() <= ATTRIBUTES_CACHED_BYTES_MAX);
+        }
+        assert!(cache.get(0).is_none(), "the oldest went first");
+        assert_eq!(cache.get(fit as u64 + 9).as_deref(), Some(&sample()));
+        assert_eq!(cache.by_seq.len(), cache.order.len());
     }
 
     #[test]

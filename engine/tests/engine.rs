@@ -620,6 +620,19 @@ fn an_objects_attributes_come_back_with_its_version_through_reclaim_and_reopenin
         }
     };
     check(&engine);
+    // Each version's header was read once for them (the two that have some), and not again.
+    let attribute_reads = |engine: &Engine| {
+        block_on(engine.stats()).unwrap()[0]
+            .counters
+            .attribute_reads
+    };
+    assert_eq!(attribute_reads(&engine), 2);
+    check(&engine);
+    assert_eq!(
+        attribute_reads(&engine),
+        2,
+        "the second HEAD and GET read no header"
+    );
     // Reclaim moves the visited objects' entries (headers and all) into new regions.
     for index in 0..200u64 {
         block_on(engine.put("data", &format!("cold-{index}"), pattern(index, 100_000))).unwrap();

@@ -107,7 +107,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 35] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 36] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -317,6 +317,12 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 35] = [
         MetricType::Counter,
         "Stored bytes that failed their checksum.",
         |stats| stats.counters.checksum_errors,
+    ),
+    (
+        "hydrant_attribute_reads",
+        MetricType::Counter,
+        "Header blocks read for an object's attributes (Content-Type, metadata) not in the shard's cache.",
+        |stats| stats.counters.attribute_reads,
     ),
 ];
 

@@ -86,6 +86,7 @@ fn from_memory(
         data: memory.narrowed(range.start as usize..range.end as usize),
         from_origin: false,
         origin_version: 0,
+        origin_attributes: None,
         copied_bytes: 0,
     }
 }
@@ -121,6 +122,9 @@ pub struct CacheRead {
     /// For data read through from the origin, a tag of the origin version it belongs to (0
     /// otherwise): reads of one object in parts compare it, so as never to join two versions.
     pub origin_version: u64,
+    /// For data read through from the origin, what the origin said of the object beside its
+    /// bytes (`None` for data here: see `Cache::attributes`).
+    pub origin_attributes: Option<std::sync::Arc<crate::attributes::Attributes>>,
 }
 
 /// Where a read's bytes are.
@@ -287,6 +291,8 @@ pub struct PartsRead {
     pub from_origin: bool,
     /// See `CacheRead::origin_version`.
     pub origin_version: u64,
+    /// See `CacheRead::origin_attributes`.
+    pub origin_attributes: Option<std::sync::Arc<crate::attributes::Attributes>>,
     /// Bytes the engine copied with the CPU to produce `data` (0 for NVMe reads, which land in
     /// the pinned buffers by DMA, and for DRAM hits). Origin reads count one copy, a lower bound.
     pub copied_bytes: u64,
@@ -304,6 +310,7 @@ impl PartsRead {
             data: ReadData::Owned(read.data),
             from_origin: read.from_origin,
             origin_version: read.origin_version,
+            origin_attributes: read.origin_attributes,
         }
     }
 
@@ -318,6 +325,7 @@ impl PartsRead {
             data,
             from_origin: self.from_origin,
             origin_version: self.origin_version,
+            origin_attributes: self.origin_attributes,
         }
     }
 }

@@ -288,6 +288,7 @@ impl Cache {
                         data: ReadData::Owned(data).narrowed(start as usize..end as usize),
                         from_origin: false,
                         origin_version: 0,
+                        origin_attributes: None,
                         copied_bytes: 2 * bytes,
                     })));
                 }
@@ -310,6 +311,7 @@ impl Cache {
                 start: read.start,
                 from_origin: false,
                 origin_version: 0,
+                origin_attributes: None,
                 copied_bytes: 0,
                 data: ReadData::Store(read),
             })

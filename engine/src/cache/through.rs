@@ -169,6 +169,7 @@ impl Cache {
                 data: Vec::new(),
                 from_origin: false,
                 origin_version: version_tag(&version),
+                origin_attributes: Some(version.attributes.clone()),
             }));
         }
         if version.bytes <= chunk_bytes {
@@ -255,6 +256,7 @@ impl Cache {
             data,
             from_origin,
             origin_version: version_tag(&version),
+            origin_attributes: Some(version.attributes.clone()),
         }))
     }
 
@@ -492,6 +494,7 @@ pub(super) fn answer(
         data: slice.to_vec(),
         from_origin: true,
         origin_version: version_tag(version),
+        origin_attributes: Some(version.attributes.clone()),
     })
 }
 

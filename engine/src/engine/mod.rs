@@ -470,13 +470,14 @@ impl EngineHandle {
                 let Some(read) = cache.get_parts(&key, range).await? else {
                     return Ok(None);
                 };
-                let attributes = if described {
-                    match cache.attributes(&key, read.seq).await? {
+                let attributes = match (&read.origin_attributes, described) {
+                    (_, false) => Attributes::default(),
+                    // Read through: what the origin said with these bytes.
+                    (Some(said), true) => (**said).clone(),
+                    (None, true) => match cache.attributes(&key, read.seq).await? {
                         Some(attributes) => attributes,
                         None => continue, // replaced since it was read: read the new version
-                    }
-                } else {
-                    Attributes::default()
+                    },
                 };
                 let meta = ObjectMeta {
                     bucket: key.bucket().to_string(),

@@ -175,6 +175,8 @@ pub struct Counters {
     pub relocations: u64,
     pub reclaims: u64,
     pub checksum_errors: u64,
+    /// Header blocks read for a version's attributes (those not found in the shard's cache).
+    pub attribute_reads: u64,
     /// Entries written again because reclaim took their region before their operation finished.
     pub rewrites: u64,
     /// Failed puts and deletes whose entries were voided (so that recovery ignores them).
@@ -309,6 +311,8 @@ pub struct Store {
     regions: RefCell<Vec<RegionState>>,
     log: RefCell<Log>,
     index: RefCell<Index>,
+    /// Attributes of versions read recently (see `AttributesCache`).
+    attributes_cache: RefCell<crate::attributes::AttributesCache>,
     /// Keys with puts or deletes in progress.
     pending: RefCell<HashMap<ObjectKey, PendingKey>>,
     next_seq: Cell<u64>,
@@ -357,6 +361,7 @@ impl Store {
                 next_region_seq: 1,
             }),
             index: RefCell::new(Index::default()),
+            attributes_cache: RefCell::default(),
             pending: RefCell::new(HashMap::new()),
             next_seq: Cell::new(1),
             commit: Commit::new(),

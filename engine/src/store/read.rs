@@ -286,6 +286,9 @@ impl Store {
             Some(record) if record.seq == seq => (record.clone(), record.chunks.get(0)),
             _ => return Ok(None),
         };
+        if let Some(cached) = self.attributes_cache.borrow().get(seq) {
+            return Ok(Some((*cached).clone()));
+        }
         let region = location.region as usize;
         let offset = self.device_offset(region, location.block as u64);
         let (result, buf) = {
@@ -303,9 +306,13 @@ impl Store {
         // The region's reader count keeps it from being reused while it is read (a relocated
         // copy leaves this one as it was).
         let header = self.chunk_header(buf.as_slice(), key, &record, 0, first_chunk_bytes)?;
-        Attributes::decode(&header.attributes)
-            .map(Some)
-            .ok_or_else(|| self.checksum_failed(key, &record, 0, "attributes"))
+        let attributes = Attributes::decode(&header.attributes)
+            .ok_or_else(|| self.checksum_failed(key, &record, 0, "attributes"))?;
+        self.count(|counters| counters.attribute_reads += 1);
+        self.attributes_cache
+            .borrow_mut()
+            .insert(seq, std::rc::Rc::new(attributes.clone()));
+        Ok(Some(attributes))
     }
 
     /// Read bytes `want` of one chunk and verify them. Small chunks are read without their
