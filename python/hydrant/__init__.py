@@ -157,6 +157,61 @@ def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the same layout in every CPython 3)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+class _Export:
+    """A buffer's contiguous bytes exported for reading, by address, until this is released or
+    collected. ctypes exports only writable buffers; this takes read-only ones too."""
+
+    def __init__(self, buffer: Any):
+        self._buffer = _PyBuffer()
+        _get_buffer(buffer, ctypes.byref(self._buffer), 0)  # PyBUF_SIMPLE: contiguous bytes
+        self._held = True
+        self.address = self._buffer.buf or 0
+        self.size = self._buffer.len
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            _release_buffer(ctypes.byref(self._buffer))
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _address(buffer: Any) -> int:
+    """Where a buffer's bytes start in memory."""
+    export = _Export(buffer)
+    try:
+        return export.address
+    finally:
+        export.release()
+
+
 class _Memory:
     """The address and size of a buffer's bytes, held exported for as long as this lives."""
 
@@ -180,14 +235,20 @@ class _Memory:
             raise UsageError("the buffer is not contiguous")
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
+        self.copy: Optional[bytes] = None
         if view.readonly:
-            # ctypes exports only writable buffers: a read-only one is stored from a copy.
             if writable:
                 raise UsageError("the buffer is read-only")
-            self.copy: Optional[bytes] = bytes(view)
-            self.address, self.size, self._keep = 0, len(self.copy), ()
+            # ctypes exports only writable buffers: a read-only one through CPython's own call.
+            try:
+                export = _Export(view)
+            except BufferError:
+                self.copy = bytes(view)
+                self.address, self.size, self._keep = 0, len(self.copy), ()
+                return
+            self.address, self.size = export.address, export.size
+            self._keep = (view, export)
             return
-        self.copy = None
         holder = (ctypes.c_char * view.nbytes).from_buffer(view)
         self.address = ctypes.addressof(holder)
         self.size = view.nbytes
@@ -303,8 +364,8 @@ class Client:
 
     def put(self, path: str, data: Any) -> ObjectInfo:
         """Store ``data`` as the object: ``bytes`` or any buffer (stored from where it lies), a
-        list or tuple of them (stored one after another, sent from where each ``bytes`` lies,
-        never joined), a file object opened for binary reading (streamed from its position to
+        list or tuple of them (stored one after another, each sent from where it lies, never
+        joined), a file object opened for binary reading (streamed from its position to
         its end, never whole in memory; one that cannot seek, such as a pipe, is first copied
         to a temporary file, since a PUT names its size first), or a path (``str`` or
         ``os.PathLike``) of a file to stream."""
@@ -312,8 +373,17 @@ class Client:
         if isinstance(data, bytes):
             return ObjectInfo(*self._native.put(bucket, key, data))
         if isinstance(data, (list, tuple)):
-            parts = [part if isinstance(part, bytes) else bytes(memoryview(part)) for part in data]
-            return ObjectInfo(*self._native.put_parts(bucket, key, parts))
+            # Each part sent from where it lies: bytes as they are, other buffers (tensors,
+            # arrays, memoryviews) by address, held exported until the PUT ends.
+            held = [part if isinstance(part, bytes) else _Memory(part, writable=False) for part in data]
+            parts = [
+                part if isinstance(part, bytes) else part.copy if part.copy is not None
+                else (part.address, part.size)
+                for part in held
+            ]
+            info = self._native.put_parts(bucket, key, parts)
+            del held
+            return ObjectInfo(*info)
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as file:
                 return self._put_file(bucket, key, file)

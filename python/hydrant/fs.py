@@ -292,6 +292,19 @@ class HydrantFile(AbstractBufferedFile):
             if whole is not None:
                 view = memoryview(whole)
         size = view.nbytes
+        owner = None
+        if self._lender is not None and self._spill is None and size >= GATHER_BYTES:
+            owner = self._lender(view)
+        if owner is not None:
+            # Bytes that lie in memory whose owner keeps them unchanged until this file is
+            # stored: sent from there, not copied, and not counted against the spool.
+            if self._small:
+                self._parts.append(bytes(self._small))
+                self._small.clear()
+            self._parts.append(view)
+            self._kept.append(owner)
+            self.loc += size
+            return size
         if self._spill is None and self._held + size > self.fs.write_spool_bytes:
             self._spill_to_file()
         if self._spill is not None:
@@ -323,15 +336,22 @@ class HydrantFile(AbstractBufferedFile):
         self._parts = []
         self._small = bytearray()
 
+    #: Set by a writer that knows which memory stays unchanged until the file is stored (the
+    #: DCP writer's tensors): called with a large write's buffer, it returns the object that
+    #: owns those bytes, to keep alive until the PUT ends, or None when the bytes must be copied.
+    _lender = None
+
     def _initiate_upload(self):
         self._parts = []
         self._small = bytearray()
         self._held = 0
         self._spill = None
+        self._kept = []
 
     def _release(self):
         self._parts = []
         self._small = bytearray()
+        self._kept = []
         if self._spill is not None:
             self._spill.close()
             self._spill = None

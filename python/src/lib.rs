@@ -238,25 +238,38 @@ impl NativeClient {
     }
 
     /// Store the concatenation of `parts`, sent from where each lies (no joined copy), retried
-    /// as `put` is. `bytes` are immutable and the list holds them for the call, so they are
-    /// read without the GIL.
+    /// as `put` is. A part is a `bytes` (immutable, and the list holds it for the call) or an
+    /// `(address, length)` of memory the caller keeps alive and unchanged until this returns,
+    /// as `put_address`; all are read without the GIL.
     fn put_parts(
         &self,
         py: Python<'_>,
         bucket: &str,
         key: &str,
-        parts: Vec<Bound<'_, PyBytes>>,
+        parts: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Info> {
-        let slices: Vec<(usize, usize)> = parts
-            .iter()
-            .map(|part| {
-                let bytes = part.as_bytes();
-                (bytes.as_ptr() as usize, bytes.len())
-            })
-            .collect();
+        let mut slices: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let slice = match part.cast::<PyBytes>() {
+                Ok(bytes) => {
+                    let bytes = bytes.as_bytes();
+                    (bytes.as_ptr() as usize, bytes.len())
+                }
+                Err(_) => part.extract::<(usize, usize)>().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err(
+                        "a part is bytes or an (address, length) pair",
+                    )
+                })?,
+            };
+            if slice.0 == 0 && slice.1 > 0 {
+                return Err(pyo3::exceptions::PyValueError::new_err("a null buffer"));
+            }
+            slices.push(slice);
+        }
         let info = self.run(py, move |client| {
             // SAFETY: each (address, length) is the contents of a `bytes` that `parts` keeps
-            // alive until this call returns; `bytes` never change.
+            // alive until this call returns (`bytes` never change), or memory its caller keeps
+            // alive and unchanged until then, as for `put_address`.
             let slices: Vec<&[u8]> = slices
                 .iter()
                 .map(|&(address, length)| unsafe {

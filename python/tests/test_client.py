@@ -155,6 +155,31 @@ def test_a_put_from_a_pipe_streams_it_without_holding_it_in_memory(client):
     assert peak < 8 << 20, f"{peak} bytes held by Python during the PUT"
 
 
+def test_a_put_of_a_list_sends_every_kind_of_buffer_from_where_it_lies(client):
+    import tracemalloc
+
+    whole = payload(7, 48 << 20)
+    array = numpy.frombuffer(whole[16 << 20: 32 << 20], dtype=numpy.uint8).copy()
+    frozen = numpy.frombuffer(whole[32 << 20: 40 << 20], dtype=numpy.uint8)  # read-only
+    parts = [
+        whole[: 8 << 20],                                # bytes
+        memoryview(whole)[8 << 20: 16 << 20],            # a read-only memoryview of bytes
+        array,                                           # a writable array
+        frozen,                                          # a read-only array
+        bytearray(whole[40 << 20:]),                     # a bytearray
+    ]
+    tracemalloc.start()
+    try:
+        info = client.put("pytest/put-buffers", parts)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.size == len(whole)
+    assert client.get("pytest/put-buffers") == whole
+    # None of the 48 MiB was copied on its way (the parts were made before tracing began).
+    assert peak < 4 << 20, f"{peak} bytes held by Python during the PUT"
+
+
 def test_list_pages_lazily_in_key_order(client):
     keys = [f"pytest-list/item-{index:05}" for index in range(2500)]
     for index, key in enumerate(keys):

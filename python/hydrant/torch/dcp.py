@@ -10,19 +10,25 @@ one per rank and item as DCP plans them, and a ``.metadata`` object written last
 
 Built on DCP's fsspec writer and reader over :class:`hydrant.fs.HydrantFileSystem` (storage
 options, e.g. ``servers=``, are passed through). ``dcp.save`` returns once every object is
-durable on the node's NVMe. The checkpoint is committed by its ``.metadata``: DCP writes it
+durable on the node's NVMe. A CPU tensor's bytes are sent to the server from the tensor itself,
+not copied first: the save reads them while it runs, so the state dict must not change until
+``dcp.save`` returns (as with any synchronous save). The checkpoint is committed by its ``.metadata``: DCP writes it
 after every rank's data, under a temporary name, and renames it, which on hydrant is one PUT of
 the finished bytes; a checkpoint without it (a writer killed part-way) cannot be loaded, and the
 ones before it are untouched.
 """
 
+import bisect
+import contextlib
 import os
+import threading
 from typing import Any, Optional, Union
 
+import torch
 from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
 
-from .. import Client
-from ..fs import HydrantFileSystem
+from .. import Client, _address
+from ..fs import HydrantFile, HydrantFileSystem
 
 #: Bytes of one checkpoint object the writer keeps in memory (beyond them it spills to a
 #: temporary file): DCP writes an object of unknown size, and hydrant's PUT wants the size first.
@@ -34,17 +40,98 @@ def _url(checkpoint_id: Union[str, "os.PathLike[str]"]) -> str:
     return path if path.startswith("hydrant://") else f"hydrant://{path}"
 
 
+class _Lender:
+    """The CPU tensors DCP resolved for one save, by the address range of their storage. A
+    write whose bytes lie within one of them (``torch.save`` writes a tensor's storage straight
+    from its memory) is sent from there, the tensor kept alive until its object is stored,
+    instead of being copied; any other write is copied as before."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._starts = []  # sorted storage start addresses
+        self._storages = {}  # start -> (end, tensor)
+
+    def lend(self, data: Any) -> None:
+        if not isinstance(data, torch.Tensor) or data.device.type != "cpu":
+            return
+        storage = data.untyped_storage()
+        start, length = storage.data_ptr(), storage.nbytes()
+        if length == 0:
+            return
+        with self._lock:
+            if start not in self._storages:
+                bisect.insort(self._starts, start)
+            self._storages[start] = (start + length, data)
+
+    def __call__(self, view: memoryview) -> Optional[torch.Tensor]:
+        try:
+            address = _address(view)
+        except (BufferError, TypeError):
+            return None
+        with self._lock:
+            at = bisect.bisect_right(self._starts, address) - 1
+            if at < 0:
+                return None
+            end, tensor = self._storages[self._starts[at]]
+            return tensor if address + view.nbytes <= end else None
+
+
+class _LendingPlanner:
+    """DCP's save planner, telling the lender of every tensor it resolves for writing."""
+
+    def __init__(self, planner: Any, lender: _Lender):
+        self._planner = planner
+        self._lender = lender
+
+    def resolve_data(self, write_item: Any) -> Any:
+        data = self._planner.resolve_data(write_item)
+        self._lender.lend(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
+class _LendingStreams:
+    """DCP's file system, whose streams opened for writing take the current save's lender."""
+
+    def __init__(self, fs: Any):
+        self._fs = fs
+        self.lender: Optional[_Lender] = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str):
+        with self._fs.create_stream(path, mode) as stream:
+            if "w" in mode and isinstance(stream, HydrantFile):
+                stream._lender = self.lender
+            yield stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
 class StorageWriter(FsspecWriter):
     """DCP's storage writer for a checkpoint at ``hydrant://BUCKET/PREFIX`` (``thread_count``
     objects written at once per rank; other keyword arguments are the client's settings). Each
-    object gathers in memory up to ``write_spool_bytes`` (1 GiB by default; beyond, in a
-    temporary file) and goes to the server in one streamed PUT when DCP closes it."""
+    object goes to the server in one streamed PUT when DCP closes it: a CPU tensor's bytes from
+    the tensor itself, the rest (headers, non-tensor items, tensors DCP had to copy) gathered in
+    memory up to ``write_spool_bytes`` (1 GiB by default; beyond, in a temporary file)."""
 
     def __init__(self, checkpoint_id: Union[str, "os.PathLike[str]"], thread_count: int = 4,
                  single_file_per_rank: bool = True, **storage_options: Any):
         storage_options.setdefault("write_spool_bytes", WRITE_SPOOL_BYTES)
         super().__init__(_url(checkpoint_id), single_file_per_rank=single_file_per_rank,
                          sync_files=False, thread_count=thread_count, **storage_options)
+        self.fs = _LendingStreams(self.fs)
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        lender = _Lender()
+        self.fs.lender = lender
+        try:
+            # Returns once every object of the plan is stored (the writer's threads joined).
+            return super().write_data(plan, _LendingPlanner(planner, lender))
+        finally:
+            self.fs.lender = None
 
 
 class StorageReader(FsspecReader):
