@@ -111,6 +111,40 @@ def test_save_and_load_a_model_state_dict(server):
         hydrant.torch.load("torch-ckpt/none.pt", client=client)
 
 
+def test_save_sends_tensors_from_where_they_lie_and_a_failed_save_stores_nothing(server):
+    import tracemalloc
+
+    client = server.client()
+    generator = torch.Generator().manual_seed(5)
+    layer = torch.nn.Linear(2048, 4096)  # 32 MiB of weights, found through the module
+    state = {
+        "model": layer,
+        "moments": [torch.rand(4 << 20, generator=generator), (torch.zeros(3), "tag")],
+        "step": 1300,
+    }
+    tracemalloc.start()
+    try:
+        hydrant.torch.save(state, "torch-ckpt/step-1300.pt", client=client)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 48 MiB of tensors went to the server without a copy in Python's memory.
+    assert peak < 8 << 20, f"{peak} bytes held by Python during the save"
+    loaded = hydrant.torch.load("torch-ckpt/step-1300.pt", client=client, weights_only=False)
+    assert torch.equal(loaded["model"].weight, layer.weight)
+    assert torch.equal(loaded["moments"][0], state["moments"][0])
+    assert loaded["moments"][1][1] == "tag" and loaded["step"] == 1300
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot be saved")
+
+    with pytest.raises(RuntimeError):
+        hydrant.torch.save({"weights": torch.ones(1 << 20), "bad": Unpicklable()},
+                           "torch-ckpt/step-1400.pt", client=client)
+    assert not client.exists("torch-ckpt/step-1400.pt")
+
+
 def test_a_map_dataset_reads_objects_and_ranges_by_index(server, shards):
     dataset = hydrant.torch.MapDataset(
         [shards[0], (shards[5], (10, 20)), shards[7]], client=server.client()

@@ -18,7 +18,6 @@ import io
 import os
 import random
 import tarfile
-import tempfile
 import warnings
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -28,7 +27,8 @@ import torch.utils.data
 
 from .. import PLAN_IDLE_SECONDS, PLAN_WINDOW_BYTES, Client, HydrantError, Range, UsageError
 
-#: Bytes ``save`` keeps in memory before spilling the serialised object to a temporary file.
+#: Bytes of the serialised object (beyond the tensors sent from where they lie) ``save`` keeps
+#: in memory before spilling them to a temporary file.
 SAVE_SPOOL_BYTES = 64 << 20
 
 Item = Union[str, Tuple[str, Optional[Range]]]
@@ -220,13 +220,22 @@ def tar_samples(data: bytes) -> Iterator[Dict[str, Any]]:
 
 
 def save(obj: Any, path: str, client: Optional[Client] = None, **torch_save_options: Any) -> None:
-    """``torch.save(obj)`` into the object ``path``: serialised into a spooled temporary file
-    (``SAVE_SPOOL_BYTES`` in memory, then on disk) and streamed to the server from it."""
+    """``torch.save(obj)`` into the object ``path``, in one PUT: the bytes of the CPU tensors
+    in ``obj`` (its own, or in its dicts, lists and tuples, or a module's) sent from the tensors
+    themselves, so ``obj`` must stay unchanged until this returns; the rest gathered in memory
+    (``SAVE_SPOOL_BYTES``, then in a temporary file). Nothing is stored if it fails."""
+    from ..fs import HydrantFileSystem
+    from ._lending import Lender, tensors_in
+
     client = client if client is not None else Client()
-    with tempfile.SpooledTemporaryFile(max_size=SAVE_SPOOL_BYTES) as spool:
-        torch.save(obj, spool, **torch_save_options)
-        spool.seek(0)
-        client.put(path, spool)
+    lender = Lender()
+    for tensor in tensors_in(obj):
+        lender.lend(tensor)
+    fs = HydrantFileSystem(client=client, write_spool_bytes=SAVE_SPOOL_BYTES,
+                           skip_instance_cache=True)
+    with fs.open(path, "wb") as file:
+        file._lender = lender
+        torch.save(obj, file, **torch_save_options)
 
 
 def load(path: str, client: Optional[Client] = None, **torch_load_options: Any) -> Any:

@@ -18,17 +18,15 @@ the finished bytes; a checkpoint without it (a writer killed part-way) cannot be
 ones before it are untouched.
 """
 
-import bisect
 import contextlib
 import os
-import threading
 from typing import Any, Optional, Union
 
-import torch
 from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
 
-from .. import Client, _address
+from .. import Client
 from ..fs import HydrantFile, HydrantFileSystem
+from ._lending import Lender
 
 #: Bytes of one checkpoint object the writer keeps in memory (beyond them it spills to a
 #: temporary file): DCP writes an object of unknown size, and hydrant's PUT wants the size first.
@@ -40,46 +38,10 @@ def _url(checkpoint_id: Union[str, "os.PathLike[str]"]) -> str:
     return path if path.startswith("hydrant://") else f"hydrant://{path}"
 
 
-class _Lender:
-    """The CPU tensors DCP resolved for one save, by the address range of their storage. A
-    write whose bytes lie within one of them (``torch.save`` writes a tensor's storage straight
-    from its memory) is sent from there, the tensor kept alive until its object is stored,
-    instead of being copied; any other write is copied as before."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._starts = []  # sorted storage start addresses
-        self._storages = {}  # start -> (end, tensor)
-
-    def lend(self, data: Any) -> None:
-        if not isinstance(data, torch.Tensor) or data.device.type != "cpu":
-            return
-        storage = data.untyped_storage()
-        start, length = storage.data_ptr(), storage.nbytes()
-        if length == 0:
-            return
-        with self._lock:
-            if start not in self._storages:
-                bisect.insort(self._starts, start)
-            self._storages[start] = (start + length, data)
-
-    def __call__(self, view: memoryview) -> Optional[torch.Tensor]:
-        try:
-            address = _address(view)
-        except (BufferError, TypeError):
-            return None
-        with self._lock:
-            at = bisect.bisect_right(self._starts, address) - 1
-            if at < 0:
-                return None
-            end, tensor = self._storages[self._starts[at]]
-            return tensor if address + view.nbytes <= end else None
-
-
 class _LendingPlanner:
     """DCP's save planner, telling the lender of every tensor it resolves for writing."""
 
-    def __init__(self, planner: Any, lender: _Lender):
+    def __init__(self, planner: Any, lender: Lender):
         self._planner = planner
         self._lender = lender
 
@@ -97,7 +59,7 @@ class _LendingStreams:
 
     def __init__(self, fs: Any):
         self._fs = fs
-        self.lender: Optional[_Lender] = None
+        self.lender: Optional[Lender] = None
 
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str):
@@ -125,7 +87,7 @@ class StorageWriter(FsspecWriter):
         self.fs = _LendingStreams(self.fs)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        lender = _Lender()
+        lender = Lender()
         self.fs.lender = lender
         try:
             # Returns once every object of the plan is stored (the writer's threads joined).
