@@ -419,6 +419,7 @@ impl Cache {
             let uploader = Uploader {
                 store: cache.store.clone(),
                 origin: origin.clone(),
+                records: Default::default(),
             };
             crate::rt::spawn(crate::origin::writeback::upload_loop(Rc::new(uploader)));
         }

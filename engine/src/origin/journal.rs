@@ -22,11 +22,14 @@
 //! (its upload is aborted at the origin when it can be named).
 
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
 
+use futures::future::LocalBoxFuture;
 use object_store::multipart::PartId;
 use object_store::path::Path;
 
+use crate::rt::sync::WaitQueue;
 use crate::store::{ObjectKey, Store};
 
 const MAGIC: &str = "hydrant write-back upload 1";
@@ -135,9 +138,9 @@ pub(crate) async fn load(store: &Store, key: &ObjectKey) -> Option<Record> {
     Record::decode(&read.to_vec())
 }
 
-/// Store `record` for `key` (durable when this returns `Ok`). A failure is logged only: the
-/// upload then starts over after a restart, as it would without a record.
-pub(crate) async fn save(store: &Store, key: &ObjectKey, record: &Record) {
+/// Store `record` for `key` (durable when this returns). A failure is logged only: the upload
+/// then starts over after a restart, as it would without a record.
+async fn save(store: &Store, key: &ObjectKey, record: &Record) {
     let Some(record_key) = key_of(key) else {
         return;
     };
@@ -150,18 +153,82 @@ pub(crate) async fn save(store: &Store, key: &ObjectKey, record: &Record) {
     }
 }
 
-/// Writes one upload's record in a task of its own, so that the upload never waits for it.
+/// Every queue of record writes a shard keeps, however many are idle: past this many entries,
+/// those of objects with no write pending and no upload holding them are dropped.
+const RECORD_QUEUES_KEPT_MAX: usize = 64;
+
+/// How a queue writes a change of its object's record (the store's own writes, or a test's).
+type Write = Rc<dyn Fn(Next) -> LocalBoxFuture<'static, ()>>;
+
+/// The queues of record writes of one shard's uploads: one per object, shared by every attempt
+/// at uploading it (and by every version), so that all the changes of one record reach the
+/// device in the order they were handed. Separate writers, one per attempt, would race: an
+/// earlier attempt's pending save could land after a later attempt's record (which then loses
+/// its parts, or names an upload that was aborted), and its forget could delete the record of a
+/// newer version's upload.
+#[derive(Default)]
+pub(crate) struct Records {
+    queues: RefCell<HashMap<ObjectKey, Weak<Queue>>>,
+}
+
+impl Records {
+    /// The recorder of `key`'s upload record, writing to `store`.
+    pub(crate) fn recorder(&self, store: &Rc<Store>, key: &ObjectKey) -> Recorder {
+        self.recorder_with(key, || {
+            let (store, key) = (store.clone(), key.clone());
+            Rc::new(move |next| {
+                let (store, key) = (store.clone(), key.clone());
+                Box::pin(async move {
+                    match next {
+                        Next::Save(record) => save(&store, &key, &record).await,
+                        Next::Forget => forget(&store, &key).await,
+                    }
+                })
+            })
+        })
+    }
+
+    /// The recorder of `key`'s record: the queue already in use for it, or a new one writing
+    /// with what `write` makes.
+    fn recorder_with(&self, key: &ObjectKey, write: impl FnOnce() -> Write) -> Recorder {
+        let mut queues = self.queues.borrow_mut();
+        if let Some(queue) = queues.get(key).and_then(Weak::upgrade) {
+            return Recorder { queue };
+        }
+        if queues.len() >= RECORD_QUEUES_KEPT_MAX {
+            queues.retain(|_, queue| queue.strong_count() > 0);
+        }
+        let queue = Rc::new(Queue {
+            state: RefCell::default(),
+            settled: WaitQueue::new(),
+            write: write(),
+        });
+        queues.insert(key.clone(), Rc::downgrade(&queue));
+        Recorder { queue }
+    }
+}
+
+/// One object's record writes: the newest change not yet being written, and whether a task is
+/// writing. Lives while a recorder or its writing task holds it.
+struct Queue {
+    state: RefCell<RecorderState>,
+    /// Woken when the writing task finds nothing more to write.
+    settled: WaitQueue,
+    write: Write,
+}
+
+/// Writes one object's upload record in a task of its own, so that the upload never waits for
+/// it.
 ///
 /// An upload awaiting its record's write while its parts' reads wait in the shard's line for
 /// device room would hold that line: the first read in line is woken to take its room, but is
 /// polled only when the upload polls its parts again, and the record's write waits behind it.
 /// So the upload hands records here and goes on polling its parts. Only the newest pending
-/// record is written, and in the order given: a record never overwrites a newer one, and a
-/// `forget` is never overtaken by a save made before it.
+/// change is written, and in the order given, whichever attempt handed it (see [`Records`]): a
+/// record never overwrites a newer one, and a `forget` is never overtaken by a save made
+/// before it.
 pub(crate) struct Recorder {
-    store: Rc<Store>,
-    key: ObjectKey,
-    state: Rc<RefCell<RecorderState>>,
+    queue: Rc<Queue>,
 }
 
 #[derive(Default)]
@@ -176,14 +243,6 @@ enum Next {
 }
 
 impl Recorder {
-    pub(crate) fn new(store: Rc<Store>, key: ObjectKey) -> Self {
-        Recorder {
-            store,
-            key,
-            state: Rc::default(),
-        }
-    }
-
     /// Record `record`, replacing a pending one not yet being written.
     pub(crate) fn save(&self, record: Record) {
         self.hand(Next::Save(record));
@@ -194,43 +253,44 @@ impl Recorder {
         self.hand(Next::Forget);
     }
 
+    /// Returns once every change handed so far (by any attempt) is written.
+    pub(crate) async fn settled(&self) {
+        loop {
+            {
+                let state = self.queue.state.borrow();
+                if !state.writing && state.next.is_none() {
+                    return;
+                }
+            }
+            self.queue.settled.wait().await;
+        }
+    }
+
     fn hand(&self, next: Next) {
-        let mut state = self.state.borrow_mut();
+        let mut state = self.queue.state.borrow_mut();
         state.next = Some(next);
         if state.writing {
             return; // the writing task takes it when it is done with the one before
         }
         state.writing = true;
-        let (store, key, state) = (self.store.clone(), self.key.clone(), self.state.clone());
+        let queue = self.queue.clone();
         crate::rt::spawn(async move {
             loop {
                 let next = {
-                    let mut state = state.borrow_mut();
+                    let mut state = queue.state.borrow_mut();
                     match state.next.take() {
                         Some(next) => next,
                         None => {
                             state.writing = false;
+                            drop(state);
+                            queue.settled.wake_all();
                             return;
                         }
                     }
                 };
-                match next {
-                    Next::Save(record) => save(&store, &key, &record).await,
-                    Next::Forget => forget(&store, &key).await,
-                }
+                (queue.write)(next).await;
             }
         });
-    }
-}
-
-/// Delete `key`'s record if it is of version `seq` (a newer version's upload may have recorded
-/// itself meanwhile).
-pub(crate) async fn forget_version(store: &Store, key: &ObjectKey, seq: u64) {
-    if load(store, key)
-        .await
-        .is_some_and(|record| record.seq == seq)
-    {
-        forget(store, key).await;
     }
 }
 
@@ -304,6 +364,106 @@ mod tests {
         ] {
             assert!(Record::decode(bad.as_bytes()).is_none(), "{bad:?}");
         }
+    }
+
+    /// A record's writes as the device sees them: what reached it, in order, each taking the
+    /// time `delay_ms` gives it; and what is stored at the end (the seq of the record, or none).
+    struct Device {
+        landed: RefCell<Vec<String>>,
+        stored: std::cell::Cell<Option<u64>>,
+    }
+
+    fn writes_to(device: &Rc<Device>, delay_ms: fn(&Next) -> u64) -> impl Fn() -> Write {
+        let device = device.clone();
+        move || {
+            let device = device.clone();
+            Rc::new(move |next: Next| {
+                let device = device.clone();
+                Box::pin(async move {
+                    let delay = std::time::Duration::from_millis(delay_ms(&next));
+                    crate::rt::time::sleep(delay).await;
+                    let (what, stored) = match next {
+                        Next::Save(record) => (format!("save {}", record.seq), Some(record.seq)),
+                        Next::Forget => ("forget".to_string(), None),
+                    };
+                    device.landed.borrow_mut().push(what);
+                    device.stored.set(stored);
+                })
+            })
+        }
+    }
+
+    fn seq(seq: u64) -> Record {
+        Record { seq, ..record() }
+    }
+
+    #[test]
+    fn record_writes_of_one_object_land_in_the_order_handed_whichever_attempt_handed_them() {
+        crate::rt::run(crate::rt::ReactorConfig::default(), || async {
+            let records = Records::default();
+            let key = ObjectKey::new("data", "ckpt/model.pt").unwrap();
+            let device = Rc::new(Device {
+                landed: RefCell::default(),
+                stored: Default::default(),
+            });
+            // The first attempt's records take 50 ms each to write (a busy device), the
+            // second attempt's none.
+            let slow_then_fast = writes_to(&device, |next| match next {
+                Next::Save(record) if record.seq < 3 => 50,
+                _ => 0,
+            });
+            let first = records.recorder_with(&key, &slow_then_fast);
+            first.save(seq(1));
+            // Its writing task takes record 1 to the device; record 2 waits behind it.
+            crate::rt::time::sleep(std::time::Duration::from_millis(5)).await;
+            first.save(seq(2));
+            drop(first); // the attempt failed; its writes are still pending
+            let second = records.recorder_with(&key, &slow_then_fast);
+            second.save(seq(3));
+            second.settled().await;
+            // The second attempt's record was handed last, so it is what stays; the first
+            // attempt's pending save was replaced before it reached the device.
+            assert_eq!(device.stored.get(), Some(3));
+            assert_eq!(*device.landed.borrow(), ["save 1", "save 3"]);
+            // An attempt whose record is still being written ends and forgets it; the next
+            // version's upload records itself at once: its record is what stays.
+            let ending = records.recorder_with(&key, &slow_then_fast);
+            ending.save(seq(2));
+            crate::rt::time::sleep(std::time::Duration::from_millis(5)).await;
+            ending.forget();
+            drop(ending);
+            let next_version = records.recorder_with(&key, &slow_then_fast);
+            next_version.save(seq(4));
+            next_version.settled().await;
+            assert_eq!(device.stored.get(), Some(4));
+            assert_eq!(
+                *device.landed.borrow(),
+                ["save 1", "save 3", "save 2", "save 4"].map(String::from)
+            );
+            next_version.forget();
+            next_version.settled().await;
+            assert_eq!(device.stored.get(), None);
+        });
+    }
+
+    #[test]
+    fn idle_record_queues_are_not_kept() {
+        crate::rt::run(crate::rt::ReactorConfig::default(), || async {
+            let records = Records::default();
+            let device = Rc::new(Device {
+                landed: RefCell::default(),
+                stored: Default::default(),
+            });
+            let at_once = writes_to(&device, |_| 0);
+            for index in 0..RECORD_QUEUES_KEPT_MAX * 4 {
+                let key = ObjectKey::new("data", &format!("object-{index}")).unwrap();
+                let recorder = records.recorder_with(&key, &at_once);
+                recorder.save(seq(index as u64));
+                recorder.settled().await;
+            }
+            assert!(records.queues.borrow().len() <= RECORD_QUEUES_KEPT_MAX);
+            assert_eq!(device.landed.borrow().len(), RECORD_QUEUES_KEPT_MAX * 4);
+        });
     }
 
     #[test]

@@ -120,10 +120,13 @@ impl Begun {
 /// version or place is forgotten, and its upload aborted where it was bound for this origin.
 async fn recorded(
     uploader: &Uploader,
+    recorder: &journal::Recorder,
     route: &Arc<Route>,
     upload: &Upload,
     path: &Path,
 ) -> Option<Begun> {
+    // What earlier attempts handed is written before the record is read.
+    recorder.settled().await;
     let record = journal::load(&uploader.store, &upload.key).await?;
     if record.seq == upload.seq
         && record.bytes == upload.bytes
@@ -154,7 +157,8 @@ async fn recorded(
             record.id,
         )));
     }
-    journal::forget(&uploader.store, &upload.key).await;
+    recorder.forget();
+    recorder.settled().await;
     None
 }
 
@@ -276,14 +280,16 @@ pub(crate) async fn upload_in_parts(
 ) -> Result<Option<Option<String>>> {
     let origins: Arc<Origins> = uploader.origin.origins.clone();
     let config = origins.config().clone();
-    let store = &uploader.store;
+    // Every record write of this object goes through its one queue, whichever attempt or
+    // version hands it (see `journal::Records`); the loop below awaits nothing but its parts.
+    let recorder = uploader.records.recorder(&uploader.store, &upload.key);
     let mut begun = match upload.begun.take() {
         Some(begun) if begun.continues(route, &path) => begun,
         other => {
             if let Some(stale) = other {
                 stale.abort(&origins);
             }
-            match recorded(uploader, route, upload, &path).await {
+            match recorded(uploader, &recorder, route, upload, &path).await {
                 Some(begun) => begun,
                 None => {
                     let id = origins
@@ -302,15 +308,14 @@ pub(crate) async fn upload_in_parts(
                         part_bytes,
                         parts: vec![None; upload.bytes.div_ceil(part_bytes) as usize],
                     };
-                    journal::save(store, &upload.key, &begun.record(upload)).await;
+                    // Durable before any part goes, as the record of an upload to resume.
+                    recorder.save(begun.record(upload));
+                    recorder.settled().await;
                     begun
                 }
             }
         }
     };
-    // From here the upload's record is written by a task of its own: the loop below must
-    // await nothing but its parts (see `journal::Recorder`).
-    let recorder = journal::Recorder::new(uploader.store.clone(), upload.key.clone());
     let mut missing: Vec<usize> = (0..begun.parts.len())
         .rev()
         .filter(|&index| begun.parts[index].is_none())

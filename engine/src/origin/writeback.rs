@@ -205,6 +205,8 @@ impl WriteBack {
 pub(crate) struct Uploader {
     pub store: Rc<Store>,
     pub origin: Rc<ShardOrigin>,
+    /// The queues of upload record writes, one per object (see `journal::Records`).
+    pub records: super::journal::Records,
 }
 
 /// The shard's uploader: takes queued versions and uploads up to `uploads_per_shard_max` at
@@ -376,11 +378,14 @@ fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
     finish(uploader, &upload);
 }
 
-/// Delete the upload record of `upload`'s version in the background.
+/// Delete the upload record of `upload`'s version in the background: after every change an
+/// earlier attempt handed, and before any a later attempt or version hands (they take turns
+/// per key, and this hands it before the key's next upload can start).
 fn forget_record(uploader: &Uploader, upload: &Upload) {
-    let store = uploader.store.clone();
-    let (key, seq) = (upload.key.clone(), upload.seq);
-    crate::rt::spawn(async move { super::journal::forget_version(&store, &key, seq).await });
+    uploader
+        .records
+        .recorder(&uploader.store, &upload.key)
+        .forget();
 }
 
 /// The upload is done (or moot): its pending entry and budget bytes go.
