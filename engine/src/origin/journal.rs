@@ -181,7 +181,13 @@ impl Records {
                 Box::pin(async move {
                     match next {
                         Next::Save(record) => save(&store, &key, &record).await,
-                        Next::Forget => forget(&store, &key).await,
+                        Next::Forget(None) => forget(&store, &key).await,
+                        Next::Forget(Some(versions)) => {
+                            let stored = load(&store, &key).await;
+                            if stored.is_some_and(|record| versions.contains(&record.seq)) {
+                                forget(&store, &key).await;
+                            }
+                        }
                     }
                 })
             })
@@ -237,20 +243,57 @@ struct RecorderState {
     writing: bool,
 }
 
+/// A change of one object's record, not yet written.
 enum Next {
     Save(Record),
-    Forget,
+    /// Delete the record if it is of one of these versions; of any version with `None` (a
+    /// save followed by the forget of its own version, which leaves no record whatever the
+    /// device held before).
+    Forget(Option<Vec<u64>>),
+}
+
+/// Versions whose forgets a queue keeps pending at most, beyond the oldest is dropped (its
+/// record, if it is still there, goes at the next start's sweep). Uploads of one object take
+/// turns, so more than two are pending only if the device stalls for several attempts.
+const FORGETS_PENDING_MAX: usize = 8;
+
+impl Next {
+    /// The change that writing `self` and then `later` makes, as one.
+    fn then(self, later: Next) -> Next {
+        let seq = match later {
+            Next::Save(_) | Next::Forget(None) => return later,
+            Next::Forget(Some(versions)) => versions,
+        };
+        match self {
+            Next::Save(record) if seq.contains(&record.seq) => Next::Forget(None),
+            Next::Save(record) => Next::Save(record),
+            Next::Forget(None) => Next::Forget(None),
+            Next::Forget(Some(mut versions)) => {
+                for version in seq {
+                    if !versions.contains(&version) {
+                        if versions.len() == FORGETS_PENDING_MAX {
+                            versions.remove(0);
+                        }
+                        versions.push(version);
+                    }
+                }
+                Next::Forget(Some(versions))
+            }
+        }
+    }
 }
 
 impl Recorder {
-    /// Record `record`, replacing a pending one not yet being written.
+    /// Record `record`, replacing a pending change not yet being written.
     pub(crate) fn save(&self, record: Record) {
         self.hand(Next::Save(record));
     }
 
-    /// Delete the record, after whatever was handed before.
-    pub(crate) fn forget(&self) {
-        self.hand(Next::Forget);
+    /// Delete the record if it is of version `seq`, after whatever was handed before: an
+    /// attempt at an older version that ends after a newer version's upload recorded itself
+    /// leaves the newer record alone.
+    pub(crate) fn forget(&self, seq: u64) {
+        self.hand(Next::Forget(Some(vec![seq])));
     }
 
     /// Returns once every change handed so far (by any attempt) is written.
@@ -268,7 +311,10 @@ impl Recorder {
 
     fn hand(&self, next: Next) {
         let mut state = self.queue.state.borrow_mut();
-        state.next = Some(next);
+        state.next = Some(match state.next.take() {
+            Some(pending) => pending.then(next),
+            None => next,
+        });
         if state.writing {
             return; // the writing task takes it when it is done with the one before
         }
@@ -384,7 +430,12 @@ mod tests {
                     crate::rt::time::sleep(delay).await;
                     let (what, stored) = match next {
                         Next::Save(record) => (format!("save {}", record.seq), Some(record.seq)),
-                        Next::Forget => ("forget".to_string(), None),
+                        Next::Forget(None) => ("forget".to_string(), None),
+                        Next::Forget(Some(versions)) => {
+                            let stored = device.stored.get();
+                            let gone = stored.is_some_and(|seq| versions.contains(&seq));
+                            (format!("forget {versions:?}"), stored.filter(|_| !gone))
+                        }
                     };
                     device.landed.borrow_mut().push(what);
                     device.stored.set(stored);
@@ -430,7 +481,7 @@ mod tests {
             let ending = records.recorder_with(&key, &slow_then_fast);
             ending.save(seq(2));
             crate::rt::time::sleep(std::time::Duration::from_millis(5)).await;
-            ending.forget();
+            ending.forget(2);
             drop(ending);
             let next_version = records.recorder_with(&key, &slow_then_fast);
             next_version.save(seq(4));
@@ -440,10 +491,49 @@ mod tests {
                 *device.landed.borrow(),
                 ["save 1", "save 3", "save 2", "save 4"].map(String::from)
             );
-            next_version.forget();
+            // An older version's attempt that ends now (it was backing off while version 4
+            // recorded itself) forgets its own record only: version 4's stays.
+            records.recorder_with(&key, &slow_then_fast).forget(2);
+            next_version.settled().await;
+            assert_eq!(device.stored.get(), Some(4));
+            next_version.forget(4);
             next_version.settled().await;
             assert_eq!(device.stored.get(), None);
+            // A save and the forget of its own version, both pending: no record, whatever the
+            // device held before; a forget of another version leaves a pending save alone.
+            next_version.save(seq(5));
+            crate::rt::time::sleep(std::time::Duration::from_millis(5)).await;
+            next_version.save(seq(6));
+            next_version.forget(6);
+            next_version.settled().await;
+            assert_eq!(device.stored.get(), None);
+            next_version.save(seq(7));
+            next_version.forget(6);
+            next_version.settled().await;
+            assert_eq!(device.stored.get(), Some(7));
         });
+    }
+
+    #[test]
+    fn pending_changes_combine_as_if_written_in_turn() {
+        let saved = |seq: u64| Next::Save(Record { seq, ..record() });
+        let forgets = |next: &Next| match next {
+            Next::Forget(versions) => Some(versions.clone()),
+            Next::Save(_) => None,
+        };
+        assert_eq!(
+            forgets(&saved(1).then(Next::Forget(Some(vec![1])))),
+            Some(None)
+        );
+        assert!(matches!(saved(1).then(Next::Forget(Some(vec![2]))), Next::Save(r) if r.seq == 1));
+        assert!(matches!(Next::Forget(None).then(saved(3)), Next::Save(r) if r.seq == 3));
+        let mut pending = Next::Forget(Some(vec![1]));
+        for seq in 2..20 {
+            pending = pending.then(Next::Forget(Some(vec![seq])));
+        }
+        let kept = forgets(&pending).flatten().expect("conditional forgets");
+        assert_eq!(kept.len(), FORGETS_PENDING_MAX);
+        assert_eq!(kept.last(), Some(&19));
     }
 
     #[test]

@@ -157,7 +157,7 @@ async fn recorded(
             record.id,
         )));
     }
-    recorder.forget();
+    recorder.forget(record.seq);
     recorder.settled().await;
     None
 }
@@ -381,11 +381,11 @@ pub(crate) async fn upload_in_parts(
         None => {}
         Some(Stop::Moot) => {
             begun.abort(&origins);
-            recorder.forget();
+            recorder.forget(upload_ref.seq);
             return Ok(None);
         }
         Some(Stop::Gone) => {
-            recorder.forget();
+            recorder.forget(upload_ref.seq);
             return Err(Error::new(
                 ErrorKind::OriginUnavailable,
                 format!(
@@ -411,7 +411,7 @@ pub(crate) async fn upload_in_parts(
         ))
         .await;
     if completion.is_ok() {
-        recorder.forget();
+        recorder.forget(upload.seq);
     }
     match completion {
         Ok(Completion::Done(etag)) => Ok(Some(etag)),

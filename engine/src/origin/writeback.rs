@@ -378,14 +378,13 @@ fn refused(uploader: &Uploader, mut upload: Upload, error: Error) {
     finish(uploader, &upload);
 }
 
-/// Delete the upload record of `upload`'s version in the background: after every change an
-/// earlier attempt handed, and before any a later attempt or version hands (they take turns
-/// per key, and this hands it before the key's next upload can start).
+/// Delete the upload record of `upload`'s version in the background, if it is still that
+/// version's (a newer version's upload may have recorded itself while this one backed off).
 fn forget_record(uploader: &Uploader, upload: &Upload) {
     uploader
         .records
         .recorder(&uploader.store, &upload.key)
-        .forget();
+        .forget(upload.seq);
 }
 
 /// The upload is done (or moot): its pending entry and budget bytes go.
