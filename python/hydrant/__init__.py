@@ -188,6 +188,7 @@ class _Export:
     collected. ctypes exports only writable buffers; this takes read-only ones too."""
 
     def __init__(self, buffer: Any):
+        self._held = False
         self._buffer = _PyBuffer()
         _get_buffer(buffer, ctypes.byref(self._buffer), 0)  # PyBUF_SIMPLE: contiguous bytes
         self._held = True
@@ -376,14 +377,15 @@ class Client:
             # Each part sent from where it lies: bytes as they are, other buffers (tensors,
             # arrays, memoryviews) by address, held exported until the PUT ends.
             held = [part if isinstance(part, bytes) else _Memory(part, writable=False) for part in data]
-            parts = [
-                part if isinstance(part, bytes) else part.copy if part.copy is not None
-                else (part.address, part.size)
-                for part in held
-            ]
-            info = self._native.put_parts(bucket, key, parts)
-            del held
-            return ObjectInfo(*info)
+            try:
+                parts = [
+                    part if isinstance(part, bytes) else part.copy if part.copy is not None
+                    else (part.address, part.size)
+                    for part in held
+                ]
+                return ObjectInfo(*self._native.put_parts(bucket, key, parts))
+            finally:
+                held.clear()  # the exports end here, even when the PUT failed
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as file:
                 return self._put_file(bucket, key, file)

@@ -272,8 +272,9 @@ impl NativeClient {
             // alive and unchanged until then, as for `put_address`.
             let slices: Vec<&[u8]> = slices
                 .iter()
-                .map(|&(address, length)| unsafe {
-                    std::slice::from_raw_parts(address as *const u8, length)
+                .map(|&(address, length)| match length {
+                    0 => &[][..], // an empty buffer may have no address at all
+                    _ => unsafe { std::slice::from_raw_parts(address as *const u8, length) },
                 })
                 .collect();
             client.put_parts(bucket, key, &slices)

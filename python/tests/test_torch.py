@@ -120,6 +120,8 @@ def test_save_sends_tensors_from_where_they_lie_and_a_failed_save_stores_nothing
     state = {
         "model": layer,
         "moments": [torch.rand(4 << 20, generator=generator), (torch.zeros(3), "tag")],
+        "sparse": torch.eye(3).to_sparse(),  # no storage of its own: copied, as torch.save does
+        "empty": torch.empty(0),
         "step": 1300,
     }
     tracemalloc.start()
@@ -134,6 +136,11 @@ def test_save_sends_tensors_from_where_they_lie_and_a_failed_save_stores_nothing
     assert torch.equal(loaded["model"].weight, layer.weight)
     assert torch.equal(loaded["moments"][0], state["moments"][0])
     assert loaded["moments"][1][1] == "tag" and loaded["step"] == 1300
+    assert torch.equal(loaded["sparse"].to_dense(), torch.eye(3))
+    assert loaded["empty"].numel() == 0
+    # An empty tensor (whose memory has no address) among the parts of a PUT.
+    assert client.put("torch-ckpt/parts", [b"head", torch.empty(0), b"tail"]).size == 8
+    assert client.get("torch-ckpt/parts") == b"headtail"
 
     class Unpicklable:
         def __reduce__(self):

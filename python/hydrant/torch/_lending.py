@@ -3,6 +3,7 @@ that knows which memory belongs to the tensors being saved."""
 
 import bisect
 import threading
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -16,26 +17,33 @@ WALK_OBJECTS_MAX = 1_000_000
 class Lender:
     """The CPU tensors of one save, by the address range of their storage. A write whose bytes
     lie within one of them (``torch.save`` writes a tensor's storage straight from its memory)
-    is sent from there, the tensor kept alive until its object is stored, instead of being
-    copied; any other write is copied as before. Given to a :class:`hydrant.fs.HydrantFile` as
-    its lender."""
+    is sent from there, the tensor kept alive by the file until its object is stored, instead
+    of being copied; any other write is copied as before. Given to a
+    :class:`hydrant.fs.HydrantFile` as its lender. It holds the tensors weakly: one that a
+    planner made for the save and dropped is not kept alive by it."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._starts = []  # sorted storage start addresses
-        self._storages = {}  # start -> (end, tensor)
+        self._storages = {}  # start -> (end, weak reference to the tensor)
 
     def lend(self, data: Any) -> None:
         if not isinstance(data, torch.Tensor) or data.device.type != "cpu":
             return
-        storage = data.untyped_storage()
-        start, length = storage.data_ptr(), storage.nbytes()
-        if length == 0:
+        if data.layout != torch.strided:
+            return  # sparse and other layouts: saved as torch.save does, by copy
+        try:
+            storage = data.untyped_storage()
+            start, length = storage.data_ptr(), storage.nbytes()
+            reference = weakref.ref(data)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return  # a tensor without storage of its own (a subclass, a meta tensor)
+        if start == 0 or length == 0:
             return
         with self._lock:
             if start not in self._storages:
                 bisect.insort(self._starts, start)
-            self._storages[start] = (start + length, data)
+            self._storages[start] = (start + length, reference)
 
     def __call__(self, view: memoryview) -> Optional[torch.Tensor]:
         try:
@@ -46,14 +54,21 @@ class Lender:
             at = bisect.bisect_right(self._starts, address) - 1
             if at < 0:
                 return None
-            end, tensor = self._storages[self._starts[at]]
-            return tensor if address + view.nbytes <= end else None
+            start = self._starts[at]
+            end, reference = self._storages[start]
+        tensor = reference()
+        if tensor is None or address + view.nbytes > end:
+            return None
+        # Its memory is still where it was lent (a tensor gone, its address reused, is not).
+        if tensor.untyped_storage().data_ptr() != start:
+            return None
+        return tensor
 
 
 def tensors_in(obj: Any) -> "list[torch.Tensor]":
     """The tensors in ``obj``: itself, or the values of its dicts, lists and tuples, and a
-    module's state (as far as ``WALK_OBJECTS_MAX`` objects; tensors elsewhere, such as in the
-    attributes of other objects, are simply copied when saved)."""
+    module's parameters and buffers (as far as ``WALK_OBJECTS_MAX`` objects; tensors elsewhere,
+    such as in the attributes of other objects, are simply copied when saved)."""
     found = []
     seen = set()
     stack = [obj]
@@ -69,5 +84,7 @@ def tensors_in(obj: Any) -> "list[torch.Tensor]":
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
         elif isinstance(item, torch.nn.Module):
-            stack.extend(item.state_dict(keep_vars=True).values())
+            # Not its state_dict(): that runs the module's hooks (collectives, for FSDP).
+            stack.extend(item.parameters())
+            stack.extend(item.buffers())
     return found
