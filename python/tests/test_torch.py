@@ -3,13 +3,16 @@ torchdata's StatefulDataLoader, checkpoints with save/load, map-style ranges, ta
 
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
 import tarfile
+import uuid
 from pathlib import Path
 
 import pytest
+from conftest import Server
 
 torch = pytest.importorskip("torch")
 
@@ -259,6 +262,59 @@ def test_a_dcp_save_sends_tensors_from_where_they_lie_and_loads_them_back(server
     for name in ("weight", "bias", "view"):
         assert torch.equal(loaded[name], state[name]), name
     assert loaded["step"] == 1200
+
+
+def test_a_dcp_checkpoint_reaches_an_s3_origin_whole_and_loads_from_it_alone(tmp_path):
+    """Write-back to an S3 origin (moto's server, as scripts/test starts it): after
+    wait_uploaded every object of the checkpoint is at the origin byte for byte, and a node
+    that never saw the save loads it by reading through."""
+    import torch.distributed.checkpoint as dcp
+    from hydrant.torch.dcp import StorageReader, StorageWriter, wait_uploaded
+
+    endpoint = os.environ.get("HYDRANT_TEST_S3_ENDPOINT")
+    if not endpoint:
+        pytest.skip("needs an S3 endpoint in HYDRANT_TEST_S3_ENDPOINT (scripts/test starts moto's server)")
+    boto3 = pytest.importorskip("boto3")
+    origin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    bucket = f"pytest-dcp-{uuid.uuid4().hex[:12]}"
+    origin.create_bucket(Bucket=bucket)
+    settings = tmp_path / "origin.env"
+    settings.write_text("aws_access_key_id=test\naws_secret_access_key=test\naws_region=us-east-1\n")
+    spec = f"ckpt=s3://{bucket},write=back,endpoint={endpoint},settings={settings}"
+    generator = torch.Generator().manual_seed(23)
+    state = {
+        "weight": torch.rand(6 << 20, generator=generator),  # 24 MiB: uploaded in parts
+        "bias": torch.rand(1000, generator=generator),
+        "step": 7,
+    }
+    checkpoint = "hydrant://ckpt/run-3/step-7"
+    (tmp_path / "writer").mkdir()
+    writer = Server(tmp_path / "writer", "--bucket", spec)
+    try:
+        dcp.save(state, storage_writer=StorageWriter(checkpoint, servers=writer.address),
+                 no_dist=True)
+        client = writer.client()
+        wait_uploaded(checkpoint, client=client, timeout=120)
+        stored = [entry.path for entry in client.list("ckpt/run-3/step-7/")]
+        assert "ckpt/run-3/step-7/.metadata" in stored and len(stored) >= 2, stored
+        for path in stored:
+            at_origin = origin.get_object(Bucket=bucket, Key=path[len("ckpt/"):])["Body"].read()
+            assert at_origin == client.get(path), path
+    finally:
+        writer.stop()
+
+    (tmp_path / "reader").mkdir()
+    reader = Server(tmp_path / "reader", "--bucket", spec)
+    try:
+        loaded = {"weight": torch.zeros(6 << 20), "bias": torch.zeros(1000), "step": 0}
+        dcp.load(loaded, storage_reader=StorageReader(checkpoint, servers=reader.address),
+                 no_dist=True)
+    finally:
+        reader.stop()
+    assert torch.equal(loaded["weight"], state["weight"])
+    assert torch.equal(loaded["bias"], state["bias"])
+    assert loaded["step"] == 7
 
 
 def test_a_state_of_another_listing_is_refused(server, shards):
