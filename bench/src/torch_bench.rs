@@ -38,8 +38,9 @@ pub struct TorchArgs {
     dir: PathBuf,
     /// MiB of a state dict saved with DCP through hydrant and straight to the origin (DCP's
     /// FileSystemWriter over boto3's transfer manager, `bench/scripts/dcp_save_bench.py`;
-    /// s3torchconnector's DCP writer fails against moto's server: "Header ETag not found");
-    /// 0 (the default): no checkpoint measurement.
+    /// s3torchconnector's DCP writer fails against moto's server: "Header ETag not found"), and
+    /// with hydrant.torch.save against torch.save into a local file with fsync
+    /// (`bench/scripts/torch_save_bench.py`); 0 (the default): no checkpoint measurement.
     #[arg(long, default_value_t = 0)]
     dcp_mib: u64,
     /// The Python interpreter with torch, s3torchconnector and the hydrant package.
@@ -96,13 +97,13 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
     let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
     let data_bytes =
         (args.shards * (shard_bytes + 8192)) as u64 * 4 + (args.dcp_mib << 21) + (1 << 30);
-    // Room for the whole checkpoint in the dirty budget: the save is acknowledged at NVMe speed
-    // and drains to the origin after (what write-back is for).
+    // Room for both checkpoints (DCP's and torch.save's) in the dirty budget: each save is
+    // acknowledged at NVMe speed and drains to the origin after (what write-back is for).
     let server = server_over_origin(
         &args.dir.join("torch-bench.hyd"),
         data_bytes,
         &bucket,
-        Some((args.dcp_mib << 20) + (512 << 20)),
+        Some((args.dcp_mib << 21) + (512 << 20)),
     )?;
     let address = server.address().to_string();
     println!(
@@ -174,6 +175,32 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
             args.dcp_mib
         );
         println!("dcp save direct/hydrant = {:.2}", direct / through);
+        // The same state through hydrant.torch.save, against torch.save into a local file on
+        // the same disk with fsync: what a job does without hydrant.
+        let torch_save = |mode: &str, endpoint: &str, target: &str| -> Result<f64, String> {
+            crate::script::run(
+                &args.python,
+                "torch_save_bench.py",
+                &[
+                    mode.to_string(),
+                    endpoint.to_string(),
+                    target.to_string(),
+                    args.dcp_mib.to_string(),
+                ],
+                &format!("the {mode} torch.save"),
+                "pip install torch ./python",
+            )?
+            .field("seconds")
+        };
+        let local_file = args.dir.join("torch-save-bench.pt");
+        let through = torch_save("hydrant", &address, "data/ckpt/torch-save.pt")?;
+        let local = torch_save("file", "-", &local_file.display().to_string())?;
+        let _ = std::fs::remove_file(&local_file);
+        println!(
+            "torch.save of {} MiB until it returns: hydrant {through:.2} s, a local file with fsync {local:.2} s",
+            args.dcp_mib
+        );
+        println!("torch save local/hydrant = {:.2}", local / through);
     }
     let stats = proxy.stats();
     println!(
