@@ -1,6 +1,8 @@
 //! How long a shard takes to come back: the engine reopened on a store of many small objects,
-//! after a clean stop and after SIGKILL, against fio reading the bytes that recovery reads (the
-//! regions in use, in 1 MiB reads one at a time, as the scan reads them) from the same file.
+//! after a clean stop and after SIGKILL, from its index checkpoint (and the log written after
+//! it), against the same restart scanning every region (checkpoints not loaded) and fio reading
+//! the bytes that full scan reads (the regions in use, in 1 MiB reads one at a time) from the
+//! same file. Each round measures each of them once, alternated.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -46,6 +48,28 @@ fn config_for(path: &Path, bytes: u64) -> EngineConfig {
     config
 }
 
+/// How a restart rebuilds the index.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    Checkpoint,
+    FullScan,
+}
+
+impl Recovery {
+    fn config(self, path: &Path, bytes: u64) -> EngineConfig {
+        let mut config = config_for(path, bytes);
+        config.checkpoints.load = self == Recovery::Checkpoint;
+        config
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Recovery::Checkpoint => "checkpoint",
+            Recovery::FullScan => "full scan",
+        }
+    }
+}
+
 fn put_tail(engine: &Engine, round: usize) -> Result<(), String> {
     for index in 0..TAIL_OBJECTS {
         let key = format!("tail-{round}/{index:06}");
@@ -54,17 +78,33 @@ fn put_tail(engine: &Engine, round: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Open the store and wait until its shard answers; the seconds it took and the objects found.
-fn reopen(config: EngineConfig) -> Result<(f64, u64, Engine), String> {
+/// What one restart did.
+struct Reopened {
+    seconds: f64,
+    objects: u64,
+    regions_scanned: u64,
+    from_checkpoint: bool,
+    engine: Engine,
+}
+
+/// Open the store and wait until its shard answers.
+fn reopen(config: EngineConfig) -> Result<Reopened, String> {
     let started = Instant::now();
     let engine = Engine::open(config).map_err(engine_error)?;
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok((
+    Ok(Reopened {
         seconds,
-        stats.iter().map(|shard| shard.objects).sum(),
+        objects: stats.iter().map(|shard| shard.objects).sum(),
+        regions_scanned: stats
+            .iter()
+            .map(|shard| shard.counters.regions_scanned)
+            .sum(),
+        from_checkpoint: stats
+            .iter()
+            .all(|shard| shard.counters.recovered_from_checkpoint > 0),
         engine,
-    ))
+    })
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -76,7 +116,7 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
     let path = args.dir.join("restart.hyd");
     // Every object is a 4 KiB header and 4 KiB of data; room for the tails and reclaim's reserve.
-    let bytes = ((args.objects + TAIL_OBJECTS * (args.rounds + 1)) as u64 * 8192 * 5 / 4
+    let bytes = ((args.objects + TAIL_OBJECTS * (2 * args.rounds + 1)) as u64 * 8192 * 5 / 4
         + 512 * MIB)
         .div_ceil(64 * MIB)
         * 64
@@ -108,36 +148,104 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         .iter()
         .map(|shard| (shard.regions - shard.regions_free) * shard.region_bytes)
         .sum();
+    let closing = Instant::now();
     engine.close();
+    let close_seconds = closing.elapsed().as_secs_f64();
+    let checkpoint_bytes: u64 = {
+        let reopened = reopen(Recovery::Checkpoint.config(&path, bytes))?;
+        let stats = block_on(reopened.engine.stats()).map_err(engine_error)?;
+        reopened.engine.close();
+        stats
+            .iter()
+            .map(|shard| shard.counters.checkpoint_bytes)
+            .sum()
+    };
     println!(
-        "{objects} objects of 4 KiB, one shard, {} MiB of regions in use; loaded in {:.1} s",
+        "{objects} objects of 4 KiB, one shard, {} MiB of regions in use; loaded in {:.1} s; close with its checkpoint took {close_seconds:.2} s; a checkpoint is {:.1} MiB ({:.0} bytes per object)",
         used_bytes / MIB,
-        loading.elapsed().as_secs_f64()
+        loading.elapsed().as_secs_f64(),
+        checkpoint_bytes as f64 / MIB as f64,
+        checkpoint_bytes as f64 / objects as f64
     );
-    println!("| restart | round | objects found | hydrant s | fio reading the regions in use, s | fio/hydrant |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("| restart | recovery | round | objects found | log regions scanned | seconds |");
+    println!("|---|---|---|---:|---:|---:|");
 
     let mut expected = objects as u64;
-    let (mut clean, mut killed) = (Vec::new(), Vec::new());
+    // Per kind of stop: the seconds of each recovery and of fio, round by round.
+    let mut clean: [Vec<f64>; 3] = Default::default();
+    let mut killed: [Vec<f64>; 3] = Default::default();
+    let mut kills = 0;
     for round in 1..=args.rounds {
-        // Alternate the peer and the restart, so that a drifting disk favours neither.
-        let measure = |after: &str, expected: u64| -> Result<f64, String> {
-            let peer = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
-            let (seconds, found, engine) = reopen(config_for(&path, bytes))?;
-            engine.close();
-            if found != expected {
+        // Alternate the peer and the restarts, so that a drifting disk favours none.
+        let measure = |after: &str, recovery: Recovery, expected: u64| -> Result<f64, String> {
+            let reopened = reopen(recovery.config(&path, bytes))?;
+            reopened.engine.close();
+            if reopened.objects != expected {
                 return Err(format!(
-                    "after {after}, {found} objects came back, not {expected}"
+                    "after {after} ({}), {} objects came back, not {expected}",
+                    recovery.name(),
+                    reopened.objects
+                ));
+            }
+            if reopened.from_checkpoint != (recovery == Recovery::Checkpoint) {
+                return Err(format!(
+                    "after {after}, a restart meant to use {} did not",
+                    recovery.name()
                 ));
             }
             println!(
-                "| after {after} | {round} | {found} | {seconds:.2} | {peer:.2} | {:.2} |",
-                peer / seconds
+                "| after {after} | {} | {round} | {} | {} | {:.2} |",
+                recovery.name(),
+                reopened.objects,
+                reopened.regions_scanned,
+                reopened.seconds
             );
-            Ok(peer / seconds)
+            Ok(reopened.seconds)
         };
-        clean.push(measure("a clean stop", expected)?);
+        let fio = |after: &str| -> Result<f64, String> {
+            let seconds = crate::fio::read_once_seconds(&path, used_bytes, "1m", 1)?;
+            println!(
+                "| after {after} | fio reading the regions in use | {round} | | | {seconds:.2} |"
+            );
+            Ok(seconds)
+        };
+        clean[2].push(fio("a clean stop")?);
+        clean[0].push(measure("a clean stop", Recovery::Checkpoint, expected)?);
+        clean[1].push(measure("a clean stop", Recovery::FullScan, expected)?);
 
+        for recovery in [Recovery::Checkpoint, Recovery::FullScan] {
+            kills += 1;
+            expected += TAIL_OBJECTS as u64;
+            kill_after_tail(&args, kills)?;
+            let seconds = measure("SIGKILL", recovery, expected)?;
+            killed[usize::from(recovery == Recovery::FullScan)].push(seconds);
+        }
+        killed[2].push(fio("SIGKILL")?);
+    }
+    let _ = std::fs::remove_file(&path);
+    for (after, seconds) in [("a clean stop", &mut clean), ("SIGKILL", &mut killed)] {
+        let [checkpoint, full_scan, fio] = seconds;
+        let (checkpoint, full_scan, fio) = (median(checkpoint), median(full_scan), median(fio));
+        println!(
+            "median seconds (restart after {after}): checkpoint {checkpoint:.2}, full scan {full_scan:.2}, fio {fio:.2}"
+        );
+        println!(
+            "median full-scan/checkpoint (restart after {after}) = {:.2}",
+            full_scan / checkpoint
+        );
+        println!(
+            "median fio/hydrant (restart after {after}) = {:.2}",
+            fio / checkpoint
+        );
+    }
+    Ok(())
+}
+
+/// Start a process that opens the store, writes round `kill`'s tail objects (its newest region
+/// open and unsealed) and waits; SIGKILL it.
+fn kill_after_tail(args: &RestartArgs, kill: usize) -> Result<(), String> {
+    let round = kill;
+    {
         let mut child = Command::new(std::env::current_exe().map_err(|error| error.to_string())?)
             .args(["restart", "--hold-round", &round.to_string()])
             .arg("--dir")
@@ -160,17 +268,6 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         // SIGKILL: no close, no seal; the newest region is open.
         child.kill().map_err(|error| error.to_string())?;
         let _ = child.wait();
-        expected += TAIL_OBJECTS as u64;
-        killed.push(measure("SIGKILL", expected)?);
     }
-    let _ = std::fs::remove_file(&path);
-    println!(
-        "median fio/hydrant (restart after a clean stop) = {:.2}",
-        median(&mut clean)
-    );
-    println!(
-        "median fio/hydrant (restart after SIGKILL) = {:.2}",
-        median(&mut killed)
-    );
     Ok(())
 }

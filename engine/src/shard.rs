@@ -39,6 +39,7 @@ pub(crate) struct ShardPlan {
     pub dram_bytes: u64,
     /// This shard's share of the NVMe admission write budget.
     pub admission_bytes_per_second: Option<u64>,
+    pub checkpoints: crate::store::CheckpointPolicy,
 }
 
 /// The other threads' handle on a running shard.
@@ -79,6 +80,8 @@ async fn run(plan: ShardPlan, inbox: channel::Receiver<Message>, ready: OneshotS
         }
     };
     ready.send(Ok(()));
+    let checkpoints = store.store().clone();
+    rt::spawn(async move { checkpoints.run_checkpoints().await });
     serve(store, inbox, plan.requests_in_flight_max).await;
 }
 
@@ -115,6 +118,7 @@ async fn open_store(plan: &ShardPlan) -> Result<Store> {
         places,
         files,
         arena,
+        checkpoints: plan.checkpoints,
     })
     .await
 }

@@ -2,7 +2,10 @@
 //! operation it begins and every acknowledgement it gets; the parent kills it with SIGKILL at a
 //! random moment, reopens the store and checks that every acknowledged object reads back
 //! byte-exact and that no deleted object returns. Repeated over many kills on one store, so that
-//! recovery, sealing and reclaim are crossed many times.
+//! recovery, sealing and reclaim are crossed many times. The child writes an index checkpoint
+//! every two filled regions, so kills land before, during and after checkpoint writes; after
+//! each kill the index recovered from the checkpoint is compared with a full scan of a copy of
+//! the same device.
 
 mod common;
 
@@ -27,6 +30,7 @@ fn crash_config(path: &std::path::Path) -> EngineConfig {
     config.region_bytes = Some(4 * MIB);
     config.chunk_bytes = Some(MIB as u32);
     config.arena_bytes = 16 * MIB as usize;
+    config.checkpoints.every_regions = 2;
     config
 }
 
@@ -115,6 +119,7 @@ fn crash_recovery_keeps_every_acknowledged_write() {
     let mut model: HashMap<u64, KeyModel> =
         (0..KEYS).map(|key| (key, KeyModel::default())).collect();
     let mut acknowledged_total = 0u64;
+    let mut from_checkpoint = 0usize;
     let mut random = 0x2545_F491_4F6C_DD1Du64;
     for round in 0..KILLS {
         let mut child = Command::new(std::env::current_exe().unwrap())
@@ -185,7 +190,24 @@ fn crash_recovery_keeps_every_acknowledged_write() {
             }
         }
 
+        let copy = path.with_extension("copy");
+        std::fs::copy(&path, &copy).expect("copy the device");
         let engine = Engine::open(crash_config(&path)).expect("reopen after SIGKILL");
+        let stats = block_on(engine.stats()).unwrap();
+        from_checkpoint += stats
+            .iter()
+            .filter(|shard| shard.counters.recovered_from_checkpoint > 0)
+            .count();
+        let mut full_scan_config = crash_config(&copy);
+        full_scan_config.checkpoints.load = false;
+        let full_scan = Engine::open(full_scan_config).expect("a full scan of the copy");
+        assert_eq!(
+            block_on(engine.index_image()).unwrap(),
+            block_on(full_scan.index_image()).unwrap(),
+            "round {round}: the index recovered from the checkpoint differs from a full scan's"
+        );
+        full_scan.close();
+        std::fs::remove_file(&copy).unwrap();
         for (key, entry) in model.iter_mut() {
             let found =
                 block_on(engine.get("crash", &key_name(*key), None)).expect("read after recovery");
@@ -230,5 +252,13 @@ fn crash_recovery_keeps_every_acknowledged_write() {
         acknowledged_total > KILLS as u64 * 5,
         "the children acknowledged only {acknowledged_total} operations"
     );
-    eprintln!("{KILLS} kills, {acknowledged_total} acknowledged operations checked");
+    assert!(
+        from_checkpoint >= KILLS,
+        "only {from_checkpoint} of {} shard recoveries loaded a checkpoint",
+        2 * KILLS
+    );
+    eprintln!(
+        "{KILLS} kills, {acknowledged_total} acknowledged operations checked, {from_checkpoint} of {} shard recoveries from a checkpoint",
+        2 * KILLS
+    );
 }

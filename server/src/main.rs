@@ -131,6 +131,11 @@ struct Arguments {
     /// own buffer. Default 256.
     #[arg(long, env = "HYDRANT_RECEIVE_BUFFERS")]
     receive_buffers: Option<u16>,
+    /// Write a checkpoint of each shard's index every this many filled regions (0: only on a
+    /// clean stop), so that a restart reads it and scans only the log written after it.
+    /// Default 16.
+    #[arg(long, env = "HYDRANT_CHECKPOINT_REGIONS")]
+    checkpoint_regions: Option<u32>,
     /// Print these settings as a Markdown table (docs/configuration.md is made of it) and exit.
     #[arg(long, hide = true)]
     #[serde(skip)]
@@ -208,6 +213,7 @@ fn merge(mut arguments: Arguments) -> Result<Arguments, String> {
         local_socket,
         idle_timeout,
         receive_buffers,
+        checkpoint_regions,
         s3_listen,
         s3_credentials,
         s3_upload_expiry
@@ -382,6 +388,9 @@ impl Settings {
                 ));
             }
             engine.io_bytes_in_flight_max = bytes;
+        }
+        if let Some(regions) = arguments.checkpoint_regions {
+            engine.checkpoints.every_regions = regions;
         }
         if let Some(count) = arguments.receive_buffers {
             if !hydrant_engine::rt::receive_buffers_valid(count) {

@@ -107,7 +107,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 36] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 40] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -281,6 +281,30 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 36] = [
         MetricType::Counter,
         "Regions reclaimed.",
         |stats| stats.counters.reclaims,
+    ),
+    (
+        "hydrant_checkpoints",
+        MetricType::Counter,
+        "Index checkpoints written.",
+        |stats| stats.counters.checkpoints,
+    ),
+    (
+        "hydrant_checkpoints_skipped",
+        MetricType::Counter,
+        "Index checkpoints not written for want of free regions.",
+        |stats| stats.counters.checkpoints_skipped,
+    ),
+    (
+        "hydrant_checkpoint_bytes",
+        MetricType::Gauge,
+        "Size of the newest index checkpoint written.",
+        |stats| stats.counters.checkpoint_bytes,
+    ),
+    (
+        "hydrant_recovery_regions_scanned",
+        MetricType::Gauge,
+        "Log regions the last open scanned (those after its index checkpoint, or all).",
+        |stats| stats.counters.regions_scanned,
     ),
     (
         "hydrant_receive_buffers",

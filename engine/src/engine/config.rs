@@ -74,6 +74,9 @@ pub struct EngineConfig {
     /// The write budget for admitting origin data to NVMe, all shards together, in bytes per
     /// second (client writes are not counted). Default: none.
     pub admission_bytes_per_second: Option<u64>,
+    /// When each shard writes a checkpoint of its index (restart then scans only the log
+    /// written after it). Default: every 16 filled regions and on close.
+    pub checkpoints: crate::store::CheckpointPolicy,
 }
 
 /// The range `EngineConfig::io_bytes_in_flight_max` accepts.
@@ -103,6 +106,7 @@ impl EngineConfig {
             origins: None,
             dram_bytes: 256 << 20,
             admission_bytes_per_second: None,
+            checkpoints: crate::store::CheckpointPolicy::default(),
         }
     }
 

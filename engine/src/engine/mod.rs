@@ -580,6 +580,29 @@ impl EngineHandle {
     }
 
     /// Every shard's state and counters.
+    /// Every shard's `Store::index_image`, shard by shard (for tests).
+    #[doc(hidden)]
+    pub fn index_image(&self) -> impl Future<Output = Result<Vec<String>>> + Send + 'static {
+        let calls: Vec<_> = (0..self.inboxes.len())
+            .map(|shard| {
+                self.on_shard(shard, move |cache| async move {
+                    let lines = cache.store().index_image();
+                    Ok(lines
+                        .into_iter()
+                        .map(|line| format!("shard {shard}: {line}"))
+                        .collect::<Vec<_>>())
+                })
+            })
+            .collect();
+        async move {
+            let mut image = Vec::new();
+            for call in calls {
+                image.extend(call.await?);
+            }
+            Ok(image)
+        }
+    }
+
     pub fn stats(&self) -> impl Future<Output = Result<Vec<ShardStats>>> + Send + 'static {
         let calls: Vec<_> = (0..self.inboxes.len())
             .map(|shard| self.on_shard(shard, |cache| async move { Ok(cache.stats()) }))

@@ -131,6 +131,7 @@ impl Engine {
                 admission_bytes_per_second: config
                     .admission_bytes_per_second
                     .map(|rate| (rate / first.shard_count as u64).max(1)),
+                checkpoints: config.checkpoints,
             };
             let started: ShardHandle = shard::start(plan, config.inbox_requests_max, ready)?;
             engine.handle.inboxes.push(started.inbox);

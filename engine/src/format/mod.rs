@@ -8,10 +8,12 @@
 //! entry:   [entry header (4 KiB)][data, padded to 4 KiB]
 //! ```
 
+mod checkpoint;
 mod entry;
 mod region;
 mod superblock;
 
+pub use checkpoint::CheckpointHeader;
 pub(crate) use entry::CRC_COUNT_MAX;
 pub use entry::{attributes_room, EntryHeader, EntryKind, ENTRY_FLAG_ATTRIBUTES, ENTRY_FLAG_DIRTY};
 pub use region::RegionHeader;

@@ -45,6 +45,13 @@ impl Chunks {
         }
     }
 
+    pub fn as_slice(&self) -> &[Location] {
+        match self {
+            Chunks::One(location) => std::slice::from_ref(location),
+            Chunks::Many(locations) => locations,
+        }
+    }
+
     pub fn from_vec(mut locations: Vec<Location>) -> Chunks {
         assert!(!locations.is_empty());
         if locations.len() == 1 {
@@ -317,11 +324,7 @@ impl Index {
                 "recovered {key:?} at seq {} but the next seq is {next_seq}",
                 record.seq
             );
-            let locations = match &record.chunks {
-                Chunks::One(location) => std::slice::from_ref(location),
-                Chunks::Many(locations) => &locations[..],
-            };
-            for location in locations {
+            for location in record.chunks.as_slice() {
                 assert!(
                     used.get(location.region as usize) == Some(&true)
                         && location.block > 0
@@ -330,6 +333,11 @@ impl Index {
                 );
             }
         }
+    }
+
+    /// Every (joined key, record), in no particular order: what a checkpoint writes.
+    pub(crate) fn records(&self) -> impl Iterator<Item = (&[u8], &ObjectRecord)> {
+        self.objects.iter().map(|(key, record)| (&key[..], record))
     }
 
     /// (key, seq, bytes) of every dirty object: what recovery hands to write-back.

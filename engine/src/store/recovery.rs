@@ -8,13 +8,16 @@
 //! present, that no newer tombstone deletes and that no void marker names is indexed; it is
 //! dirty unless a clean marker names it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use crate::format::{EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES, ENTRY_FLAG_DIRTY};
+use crate::format::{
+    CheckpointHeader, EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES, ENTRY_FLAG_DIRTY,
+};
 use crate::rt::op::read_at;
 use crate::stamp::Stamp;
 use crate::Result;
 
+use super::checkpoint::CheckpointParts;
 use super::index::{
     Chunks, Index, Location, ObjectKey, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
 };
@@ -121,6 +124,30 @@ impl IndexBuilder {
         }
     }
 
+    /// Start from a checkpoint's records: each version as a candidate whose chunks are known
+    /// where they lie in a region the checkpoint still covers (`valid`); the scan of the
+    /// regions after it fills in the others it moved, or leaves the version incomplete.
+    fn seed(&mut self, records: &[(ObjectKey, ObjectRecord)], valid: &HashSet<u32>, next_seq: u64) {
+        self.seq_max = self.seq_max.max(next_seq.saturating_sub(1));
+        for (key, record) in records {
+            let chunks = record
+                .chunks
+                .as_slice()
+                .iter()
+                .map(|location| valid.contains(&location.region).then_some(*location))
+                .collect();
+            let history = self.keys.entry(key.clone()).or_default();
+            history.versions.push(Candidate {
+                seq: record.seq,
+                bytes: record.bytes,
+                dirty: record.dirty(),
+                described: record.described(),
+                stamp: record.stamp.into(),
+                chunks,
+            });
+        }
+    }
+
     fn finish(self) -> Index {
         let mut records = Vec::with_capacity(self.keys.len());
         for (key, history) in self.keys {
@@ -185,8 +212,25 @@ impl Store {
     }
 
     /// Seal the open region after the last write, so that the next open trusts it without
-    /// reading its data back. Called once no request is in flight.
+    /// reading its data back, and (by policy) write a checkpoint of the index, so that it
+    /// scans no region at all. Called once no request is in flight.
     pub async fn close(&self) -> Result<()> {
+        self.stop_checkpoints();
+        self.seal_open_region().await?;
+        if self.checkpoints.policy.on_close {
+            if let Err(error) = self.checkpoint().await {
+                // Without it the next open scans the log: only a store that failed is an error.
+                self.writable()?;
+                log::warn!(
+                    "shard {}: no checkpoint on close ({error}); the next open scans the log",
+                    self.shard
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn seal_open_region(&self) -> Result<()> {
         let _section = self.allocation.enter().await;
         self.writable()?;
         let (open, end) = {
@@ -217,6 +261,8 @@ impl Store {
 
     async fn recover(&self) -> Result<()> {
         let mut used: Vec<(u64, usize)> = Vec::new();
+        let mut checkpoint_parts = CheckpointParts::new();
+        let mut seq_seen = 0u64;
         let mut buf = self.arena.allocate(BLOCK_BYTES);
         for region in 0..self.places.len() {
             let (result, read_buf) = read_at(
@@ -228,22 +274,71 @@ impl Store {
             .await;
             buf = read_buf;
             self.check_read(result, BLOCK_BYTES, region)?;
-            let Some(header) = RegionHeader::decode(buf.as_slice()) else {
-                continue;
-            };
-            let ours = header.shard == self.shard
-                && header.set_uuid == self.geometry.set_uuid
-                && header.region_index == self.places[region].region_index
-                && header.region_seq > 0;
-            if ours {
-                used.push((header.region_seq, region));
+            let region_index = self.places[region].region_index;
+            if let Some(header) = RegionHeader::decode(buf.as_slice()) {
+                let ours = header.shard == self.shard
+                    && header.set_uuid == self.geometry.set_uuid
+                    && header.region_index == region_index
+                    && header.region_seq > 0;
+                if ours {
+                    seq_seen = seq_seen.max(header.region_seq);
+                    used.push((header.region_seq, region));
+                }
+            } else if let Some(header) = CheckpointHeader::decode(buf.as_slice()) {
+                let ours = header.shard == self.shard
+                    && header.set_uuid == self.geometry.set_uuid
+                    && header.region_index == region_index;
+                if ours {
+                    seq_seen = seq_seen.max(header.checkpoint_seq);
+                    checkpoint_parts
+                        .entry(header.checkpoint_seq)
+                        .or_default()
+                        .push((region, header));
+                }
             }
         }
         used.sort_unstable();
 
+        let checkpoint = if self.checkpoints.policy.load {
+            self.load_checkpoint(&checkpoint_parts).await?
+        } else {
+            None
+        };
         let mut builder = IndexBuilder::default();
+        // Log regions left from before the checkpoint that it does not cover: their header
+        // survived a reclaim whose erasure was not yet durable. Nothing in them is current.
+        let mut stale = Vec::new();
+        let covered_below = match &checkpoint {
+            Some(checkpoint) => {
+                let on_device: HashMap<usize, u64> =
+                    used.iter().map(|&(seq, region)| (region, seq)).collect();
+                let valid: HashSet<u32> = checkpoint
+                    .covered
+                    .iter()
+                    .filter(|&&(region, seq)| on_device.get(&(region as usize)) == Some(&seq))
+                    .map(|&(region, _)| region)
+                    .collect();
+                used.retain(|&(seq, region)| {
+                    let keep = seq >= checkpoint.covered_below || valid.contains(&(region as u32));
+                    if !keep {
+                        stale.push(region);
+                    }
+                    keep
+                });
+                builder.seed(&checkpoint.records, &valid, checkpoint.next_seq);
+                checkpoint.covered_below
+            }
+            None => 0,
+        };
+
         let mut tail_end = None;
+        let mut scanned = 0;
         for (position, &(region_seq, region)) in used.iter().enumerate() {
+            self.regions.borrow_mut()[region].region_seq = region_seq;
+            if region_seq < covered_below {
+                continue;
+            }
+            scanned += 1;
             let newest = position + 1 == used.len();
             // The newest region needs its data verified unless it was sealed: by a clean close
             // or by an earlier recovery, both of which flushed everything before the seal.
@@ -270,7 +365,6 @@ impl Store {
                     self.geometry.chunk_bytes,
                 );
             }
-            self.regions.borrow_mut()[region].region_seq = region_seq;
             if newest && !trusted_seal {
                 tail_end = Some((region, region_seq, scan.end));
             }
@@ -293,32 +387,63 @@ impl Store {
         self.index
             .borrow()
             .assert_recovered(&in_use, region_blocks, seq_max + 1);
+        let checkpoint_regions = checkpoint
+            .as_ref()
+            .map_or_else(Vec::new, |checkpoint| checkpoint.regions.clone());
         {
             let mut log = self.log.borrow_mut();
             log.sealed = used.iter().map(|&(_, region)| region).collect();
+            log.checkpoint = checkpoint_regions.clone();
             log.free = (0..self.places.len())
-                .filter(|region| !used.iter().any(|&(_, used_region)| used_region == *region))
+                .filter(|region| !in_use[*region] && !checkpoint_regions.contains(region))
                 .collect();
             // Skip one: the header of the last region opened may not have been durable, and its
             // entries may be, so its region_seq must never be used again.
-            log.next_region_seq = used.last().map_or(1, |&(region_seq, _)| region_seq + 2);
+            log.next_region_seq = seq_seen + 2;
             log.open = None;
             assert_eq!(
-                log.sealed.len() + log.free.len(),
+                log.sealed.len() + log.free.len() + log.checkpoint.len(),
                 self.places.len(),
-                "every region is either sealed or free after recovery"
+                "every region is sealed, free or part of the checkpoint after recovery"
             );
+        }
+        self.count(|counters| {
+            counters.recovered_from_checkpoint = u64::from(checkpoint.is_some());
+            counters.regions_scanned = scanned;
+        });
+        // Older and incomplete checkpoints, and stale log regions, are erased before anything
+        // is written over them: none may be taken for current after a later crash.
+        let stale_checkpoints = checkpoint_parts
+            .values()
+            .flatten()
+            .map(|(region, _)| *region)
+            .filter(|region| !checkpoint_regions.contains(region));
+        let erase: Vec<usize> = stale.iter().copied().chain(stale_checkpoints).collect();
+        for &region in &erase {
+            let mut buf = self.arena.allocate(BLOCK_BYTES);
+            buf.set_len(BLOCK_BYTES);
+            buf.as_mut_slice().fill(0);
+            self.write_block(region, 0, buf).await?;
         }
         if let Some((region, region_seq, end)) = tail_end {
             self.write_seal(region, region_seq, end).await?;
+        } else if !erase.is_empty() {
+            self.make_durable().await?;
         }
         let stats = self.stats();
         log::info!(
-            "shard {}: recovered {} objects ({} bytes) from {} regions; {} free",
+            "shard {}: recovered {} objects ({} bytes), {} of {} log regions scanned{}; {} free",
             self.shard,
             stats.objects,
             stats.object_bytes,
+            scanned,
             used.len(),
+            checkpoint
+                .as_ref()
+                .map_or(String::new(), |checkpoint| format!(
+                    " after checkpoint {}",
+                    checkpoint.checkpoint_seq
+                )),
             stats.regions_free
         );
         Ok(())

@@ -18,7 +18,7 @@ use crate::{Error, ErrorKind, Result};
 
 use super::index::{ObjectKey, RECORD_FLAG_VISITED};
 use super::scan::{ScanMode, ScannedEntry};
-use super::{Store, FREE_REGIONS_RESERVE};
+use super::Store;
 
 const RECLAIM_PASSES_MAX: u32 = 2;
 
@@ -67,7 +67,8 @@ impl Store {
     ) -> Result<(Place, u64)> {
         let _section = self.allocation.enter().await;
         let place = self.allocate_in_section(bytes).await?;
-        Ok((place, self.begin_operation(key)))
+        let seq = self.begin_operation(key, place.region_seq);
+        Ok((place, seq))
     }
 
     /// `allocate`, allowed to open the region kept for reclaim (a void marker: one block that
@@ -92,11 +93,12 @@ impl Store {
             if let Some(place) = self.try_place(bytes) {
                 return Ok(place);
             }
-            let short = self.log.borrow().free.len() < FREE_REGIONS_RESERVE;
+            let wanted = self.free_regions_wanted();
+            let short = self.log.borrow().free.len() < wanted;
             if short && passes < RECLAIM_PASSES_MAX && !self.reclaiming.get() {
                 passes += 1;
                 self.reclaiming.set(true);
-                let result = self.reclaim_until_reserve().await;
+                let result = self.reclaim_until(wanted).await;
                 self.reclaiming.set(false);
                 result?;
                 continue; // reclaim may have opened a region with room
@@ -143,6 +145,7 @@ impl Store {
         let previous = self.log.borrow_mut().open.take();
         if let Some(previous) = previous {
             self.log.borrow_mut().sealed.push_back(previous);
+            self.region_filled();
             while !self.regions.borrow()[previous].writes_in_flight.is_empty() {
                 self.region_idle.wait().await;
             }
@@ -200,11 +203,11 @@ impl Store {
         result.map_err(|error| self.fail(format!("write to region {region} at {offset}"), error))
     }
 
-    /// Reclaim the oldest sealed regions until the reserve of free regions is back, or until
-    /// every sealed region has been tried once.
-    async fn reclaim_until_reserve(&self) -> Result<()> {
+    /// Reclaim the oldest sealed regions until `free` regions are free, or until every sealed
+    /// region has been tried once.
+    pub(super) async fn reclaim_until(&self, free: usize) -> Result<()> {
         let mut attempts = self.log.borrow().sealed.len();
-        while attempts > 0 && self.log.borrow().free.len() < FREE_REGIONS_RESERVE {
+        while attempts > 0 && self.log.borrow().free.len() < free {
             attempts -= 1;
             let Some(victim) = self.log.borrow_mut().sealed.pop_front() else {
                 break;

@@ -203,7 +203,7 @@ impl PutStream {
             }
             Err(error) => Err(store.void(&self.key, seq, error).await),
         };
-        self.end(result.is_ok());
+        self.end(result.is_ok(), true);
         if result.is_ok() {
             store.count(|counters| {
                 counters.puts += 1;
@@ -213,13 +213,13 @@ impl PutStream {
         result
     }
 
-    /// Give the regions back to reclaim and end the operation.
-    fn end(&mut self, succeeded: bool) {
+    /// Give the regions back to reclaim and, with `finish`, end the operation.
+    fn end(&mut self, succeeded: bool, finish: bool) {
         self.done = true;
         for region in self.pinned.drain(..) {
             self.store.unpin(region);
         }
-        if let Some(seq) = self.seq {
+        if let (Some(seq), true) = (self.seq, finish) {
             self.store.finish_operation(&self.key, seq, succeeded);
         }
         self.store.region_idle.wake_all();
@@ -233,15 +233,18 @@ impl Drop for PutStream {
         }
         // Abandoned. Before its last chunk the version can never be complete: nothing to undo.
         // With every chunk written it might be, so it is voided, in a task of its own.
+        // The operation ends once its void marker is written: until then a checkpoint must not
+        // cover its entries.
         let all_placed = self.placed.len() == self.chunk_count;
         let seq = self.seq;
-        self.end(false);
+        self.end(false, !all_placed);
         if let (true, Some(seq)) = (all_placed, seq) {
             let store = self.store.clone();
             let key = self.key.clone();
             crate::rt::spawn(async move {
                 let abandoned = Error::new(ErrorKind::Io, "the put was abandoned");
                 let _ = store.void(&key, seq, abandoned).await;
+                store.finish_operation(&key, seq, false);
             });
         }
     }

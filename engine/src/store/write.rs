@@ -360,8 +360,10 @@ impl Store {
         }
     }
 
-    pub(super) fn begin_operation(&self, key: &ObjectKey) -> u64 {
+    /// Start an operation whose first entry went into a region opened as `region_seq`.
+    pub(super) fn begin_operation(&self, key: &ObjectKey, region_seq: u64) -> u64 {
         let seq = self.take_seq();
+        self.operations.borrow_mut().insert(seq, region_seq);
         let mut pending = self.pending.borrow_mut();
         let entry = pending.entry(key.clone()).or_default();
         entry.newest_started = seq;
@@ -370,6 +372,8 @@ impl Store {
     }
 
     pub(super) fn finish_operation(&self, key: &ObjectKey, seq: u64, succeeded: bool) {
+        let started = self.operations.borrow_mut().remove(&seq);
+        assert!(started.is_some(), "an operation finished twice");
         let mut pending = self.pending.borrow_mut();
         let entry = pending.get_mut(key).expect("an operation in progress");
         if succeeded {

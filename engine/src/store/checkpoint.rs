@@ -1,0 +1,555 @@
+//! Index checkpoints: the shard's index written to the device, so that recovery loads it and
+//! scans only the log regions written after it instead of every region.
+//!
+//! A checkpoint is the index as it was at one instant, taken in one synchronous step (nothing
+//! else runs on the shard meanwhile) while the allocation section is held (no reclaim is half
+//! done), with:
+//! - `covered_below`: the region_seq below which every log region is covered: the open
+//!   region's, or that of the region holding the first entry of the oldest operation still in
+//!   progress, whichever is lower. Every entry in a covered region belongs to an operation that
+//!   had been applied to the index (or had failed) at that instant, and every later write goes
+//!   to a region at or above it: recovery scans those exactly as a full scan would.
+//! - the covered log regions and their region_seq. A region reclaimed after the checkpoint has
+//!   another region_seq (or none) when recovery reads it: the checkpoint's locations in it are
+//!   dropped, and what reclaim kept of it was rewritten into a region that recovery scans.
+//! - the next operation seq, so that no seq named by a marker in a covered region is reused.
+//!
+//! The checkpoint's bytes are cut into parts, one per free region taken for it, each under a
+//! `CheckpointHeader` with the part's CRC32C; the parts are made durable before the previous
+//! checkpoint's regions are given back, so a crash at any instant leaves a complete checkpoint
+//! or the previous one, and recovery uses one only when all its parts check out (else it scans
+//! everything, as without checkpoints). Checkpoint regions are neither in the log nor free:
+//! reclaim never takes them, and the log keeps room for the next checkpoint beside the current.
+
+use std::collections::HashMap;
+
+use crate::format::{CheckpointHeader, BLOCK_BYTES};
+use crate::rt::op::{read_at, write_at};
+use crate::rt::sync::{Section, WaitQueue};
+use crate::stamp::{Md5Tag, Stamp, MD5_TAG_BYTES};
+use crate::Result;
+
+use super::index::{
+    Chunks, Location, ObjectKey, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
+};
+use super::{Store, FREE_REGIONS_RESERVE};
+
+/// Checkpoint parts are written and read this many bytes at a time.
+const CHECKPOINT_IO_BYTES: usize = 1024 * 1024;
+
+/// When a shard writes index checkpoints and whether it loads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// Write one once this many log regions were filled since the last; 0: only on close.
+    pub every_regions: u32,
+    /// Write one when the store is closed, so that a clean restart scans no log region.
+    pub on_close: bool,
+    /// Load the newest complete checkpoint when opening (false: scan every region).
+    pub load: bool,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> CheckpointPolicy {
+        CheckpointPolicy {
+            every_regions: CHECKPOINT_EVERY_REGIONS_DEFAULT,
+            on_close: true,
+            load: true,
+        }
+    }
+}
+
+/// Log regions filled between two checkpoints by default: at 64 MiB regions, a restart after a
+/// crash scans at most about 1 GiB of log beside the checkpoint.
+pub const CHECKPOINT_EVERY_REGIONS_DEFAULT: u32 = 16;
+
+/// A shard needs this many regions to keep checkpoints: with fewer, the room they take would
+/// leave the log too little, and the shard scans its few regions on every open instead.
+pub const CHECKPOINT_REGIONS_MIN: usize = 8;
+
+/// A shard's checkpointing state.
+pub(super) struct Checkpoints {
+    pub policy: CheckpointPolicy,
+    /// Regions the next checkpoint is expected to take (the last one's count, at least 1):
+    /// the log keeps them free beside its own reserve. 0 when the shard keeps no checkpoints.
+    pub parts_expected: std::cell::Cell<usize>,
+    /// Log regions filled since the last checkpoint was taken.
+    pub filled_since: std::cell::Cell<u32>,
+    /// Woken when a checkpoint is due (or the store closes).
+    pub due: WaitQueue,
+    /// One checkpoint at a time.
+    pub running: Section,
+    pub closed: std::cell::Cell<bool>,
+}
+
+impl Checkpoints {
+    pub fn new(policy: CheckpointPolicy, regions: usize) -> Checkpoints {
+        let policy = if regions < CHECKPOINT_REGIONS_MIN {
+            CheckpointPolicy {
+                every_regions: 0,
+                on_close: false,
+                ..policy
+            }
+        } else {
+            policy
+        };
+        let writes = policy.every_regions > 0 || policy.on_close;
+        Checkpoints {
+            policy,
+            parts_expected: std::cell::Cell::new(usize::from(writes)),
+            filled_since: std::cell::Cell::new(0),
+            due: WaitQueue::new(),
+            running: Section::default(),
+            closed: std::cell::Cell::new(false),
+        }
+    }
+
+    fn is_due(&self) -> bool {
+        self.policy.every_regions > 0 && self.filled_since.get() >= self.policy.every_regions
+    }
+}
+
+/// A checkpoint read back from the device.
+pub(super) struct LoadedCheckpoint {
+    pub checkpoint_seq: u64,
+    /// The regions holding its parts, in part order.
+    pub regions: Vec<usize>,
+    pub covered_below: u64,
+    pub next_seq: u64,
+    /// (region, region_seq) of every log region it covers.
+    pub covered: Vec<(u32, u64)>,
+    pub records: Vec<(ObjectKey, ObjectRecord)>,
+}
+
+/// What a checkpoint's parts say of themselves, gathered from the region headers.
+pub(super) type CheckpointParts = HashMap<u64, Vec<(usize, CheckpointHeader)>>;
+
+impl Store {
+    /// Wait for checkpoints to fall due and write them, until the store closes. Runs as a task
+    /// of its own on the shard.
+    pub async fn run_checkpoints(&self) {
+        loop {
+            while !self.checkpoints.is_due() && !self.checkpoints.closed.get() {
+                self.checkpoints.due.wait().await;
+            }
+            if self.checkpoints.closed.get() {
+                return;
+            }
+            if let Err(error) = self.checkpoint().await {
+                log::warn!("shard {}: checkpoint failed: {error}", self.shard);
+                if self.writable().is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Free regions the log keeps: its reserve for reclaim and, when the shard keeps
+    /// checkpoints, room for the next one (and one more, since opening a region takes one).
+    pub(super) fn free_regions_wanted(&self) -> usize {
+        match self.checkpoints.parts_expected.get() {
+            0 => FREE_REGIONS_RESERVE,
+            parts => FREE_REGIONS_RESERVE + parts + 1,
+        }
+    }
+
+    /// Called when the log fills a region.
+    pub(super) fn region_filled(&self) {
+        let checkpoints = &self.checkpoints;
+        checkpoints
+            .filled_since
+            .set(checkpoints.filled_since.get() + 1);
+        if checkpoints.is_due() {
+            checkpoints.due.wake_all();
+        }
+    }
+
+    /// Stop the checkpoint task (after the one in progress, if any).
+    pub(super) fn stop_checkpoints(&self) {
+        self.checkpoints.closed.set(true);
+        self.checkpoints.due.wake_all();
+    }
+
+    /// Take a checkpoint of the index and write it; returns false when there was no room for
+    /// it (the log then keeps more regions free for the next one). It takes free regions only:
+    /// it never evicts anything itself.
+    pub async fn checkpoint(&self) -> Result<bool> {
+        let _running = self.checkpoints.running.enter().await;
+        self.writable()?;
+        let (body, covered_below, next_seq, taken, checkpoint_seq) = {
+            let _section = self.allocation.enter().await;
+            self.writable()?;
+            let covered_below = self.covered_below();
+            let next_seq = self.next_seq.get();
+            let body = self.encode_checkpoint(covered_below);
+            self.checkpoints.filled_since.set(0);
+            let room = (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize;
+            let parts = body.len().div_ceil(room).max(1);
+            self.checkpoints.parts_expected.set(parts);
+            let mut log = self.log.borrow_mut();
+            // The parts, and the log's own reserve left beside them.
+            if log.free.len() < FREE_REGIONS_RESERVE + parts {
+                drop(log);
+                self.count(|counters| counters.checkpoints_skipped += 1);
+                return Ok(false);
+            }
+            let taken: Vec<usize> = (0..parts)
+                .map(|_| log.free.pop_back().expect("counted"))
+                .collect();
+            let checkpoint_seq = log.next_region_seq;
+            log.next_region_seq += 1;
+            (body, covered_below, next_seq, taken, checkpoint_seq)
+        };
+        // A failed write stops the store; the regions taken stay out of use until it reopens.
+        self.write_checkpoint(&body, &taken, checkpoint_seq, covered_below, next_seq)
+            .await?;
+        let old = std::mem::replace(&mut self.log.borrow_mut().checkpoint, taken);
+        for region in old {
+            let mut buf = self.arena.allocate(BLOCK_BYTES);
+            buf.set_len(BLOCK_BYTES);
+            buf.as_mut_slice().fill(0);
+            self.write_block(region, 0, buf).await?;
+            self.log.borrow_mut().free.push_back(region);
+        }
+        self.count(|counters| {
+            counters.checkpoints += 1;
+            counters.checkpoint_bytes = body.len() as u64;
+        });
+        log::debug!(
+            "shard {}: checkpoint {checkpoint_seq} of {} objects ({} bytes) covers regions below {covered_below}",
+            self.shard,
+            self.index.borrow().len(),
+            body.len()
+        );
+        Ok(true)
+    }
+
+    /// See the module's documentation.
+    fn covered_below(&self) -> u64 {
+        let log = self.log.borrow();
+        let open = log.open.map_or(log.next_region_seq, |open| {
+            self.regions.borrow()[open].region_seq
+        });
+        let oldest_operation = self
+            .operations
+            .borrow()
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(u64::MAX);
+        open.min(oldest_operation)
+    }
+
+    /// The checkpoint's bytes (little-endian):
+    ///
+    /// ```text
+    /// u32 covered regions, then for each: u32 region, u64 region_seq
+    /// u64 records, then for each:
+    ///   u8 bucket length, bucket, u16 key length, key,
+    ///   u64 seq, u64 bytes, u8 flags (1 dirty, 4 attributes), u64 modified_ms,
+    ///   u8 has MD5 tag, [18-byte MD5 tag],
+    ///   u32 chunks, then for each: u32 region, u32 block, u32 CRC32C of its first piece
+    /// ```
+    fn encode_checkpoint(&self, covered_below: u64) -> Vec<u8> {
+        let index = self.index.borrow();
+        let regions = self.regions.borrow();
+        let log = self.log.borrow();
+        let covered: Vec<(u32, u64)> = log
+            .sealed
+            .iter()
+            .map(|&region| (region as u32, regions[region].region_seq))
+            .filter(|&(_, region_seq)| region_seq != 0 && region_seq < covered_below)
+            .collect();
+        let mut out = Vec::with_capacity(index.len() * 96 + covered.len() * 12 + 16);
+        out.extend_from_slice(&(covered.len() as u32).to_le_bytes());
+        for (region, region_seq) in &covered {
+            out.extend_from_slice(&region.to_le_bytes());
+            out.extend_from_slice(&region_seq.to_le_bytes());
+        }
+        out.extend_from_slice(&(index.len() as u64).to_le_bytes());
+        for (joined, record) in index.records() {
+            let (bucket, key) = crate::key::split_joined(joined);
+            out.push(bucket.len() as u8);
+            out.extend_from_slice(bucket);
+            out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            out.extend_from_slice(key);
+            out.extend_from_slice(&record.seq.to_le_bytes());
+            out.extend_from_slice(&record.bytes.to_le_bytes());
+            out.push(record.flags & (RECORD_FLAG_DIRTY | RECORD_FLAG_ATTRIBUTES));
+            let stamp = Stamp::from(record.stamp);
+            out.extend_from_slice(&stamp.modified_ms.to_le_bytes());
+            match stamp.md5 {
+                Some(tag) => {
+                    out.push(1);
+                    out.extend_from_slice(&tag.encode());
+                }
+                None => out.push(0),
+            }
+            let locations = record.chunks.as_slice();
+            out.extend_from_slice(&(locations.len() as u32).to_le_bytes());
+            for location in locations {
+                out.extend_from_slice(&location.region.to_le_bytes());
+                out.extend_from_slice(&location.block.to_le_bytes());
+                out.extend_from_slice(&location.first_crc.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    async fn write_checkpoint(
+        &self,
+        body: &[u8],
+        taken: &[usize],
+        checkpoint_seq: u64,
+        covered_below: u64,
+        next_seq: u64,
+    ) -> Result<()> {
+        let room = (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize;
+        let parts: Vec<&[u8]> = if body.is_empty() {
+            vec![&[][..]]
+        } else {
+            body.chunks(room).collect()
+        };
+        assert_eq!(parts.len(), taken.len());
+        for (part, (&region, data)) in taken.iter().zip(&parts).enumerate() {
+            for (piece, bytes) in data.chunks(CHECKPOINT_IO_BYTES).enumerate() {
+                let len = bytes.len().next_multiple_of(BLOCK_BYTES);
+                let mut buf = self.arena.allocate(len);
+                buf.set_len(len);
+                buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+                buf.as_mut_slice()[bytes.len()..].fill(0);
+                let offset = (BLOCK_BYTES + piece * CHECKPOINT_IO_BYTES) as u64;
+                let (result, _buf) = write_at(
+                    self.file_of(region),
+                    buf,
+                    self.places[region].offset + offset,
+                )
+                .await;
+                result.map_err(|error| {
+                    self.fail(format!("checkpoint write to region {region}"), error)
+                })?;
+            }
+            let header = CheckpointHeader {
+                checkpoint_seq,
+                shard: self.shard,
+                region_index: self.places[region].region_index,
+                set_uuid: self.geometry.set_uuid,
+                part: part as u32,
+                parts: parts.len() as u32,
+                data_bytes: data.len() as u64,
+                data_crc: hydrant_crc::crc32c(data),
+                covered_below,
+                next_seq,
+            };
+            let mut buf = self.arena.allocate(BLOCK_BYTES);
+            buf.set_len(BLOCK_BYTES);
+            header.encode_into(buf.as_mut_slice());
+            self.write_block(region, 0, buf).await?;
+        }
+        self.make_durable().await
+    }
+
+    /// The newest checkpoint among `found` whose parts are all present and intact, read and
+    /// decoded; `None` when there is none. Damaged ones are counted and passed over.
+    pub(super) async fn load_checkpoint(
+        &self,
+        found: &CheckpointParts,
+    ) -> Result<Option<LoadedCheckpoint>> {
+        let mut seqs: Vec<u64> = found.keys().copied().collect();
+        seqs.sort_unstable_by(|a, b| b.cmp(a));
+        for checkpoint_seq in seqs {
+            let mut parts = found[&checkpoint_seq].clone();
+            parts.sort_by_key(|(_, header)| header.part);
+            let first = &parts[0].1;
+            let complete = parts.len() == first.parts as usize
+                && parts.iter().enumerate().all(|(position, (_, header))| {
+                    header.part as usize == position
+                        && header.parts == first.parts
+                        && header.covered_below == first.covered_below
+                        && header.next_seq == first.next_seq
+                });
+            if !complete {
+                continue;
+            }
+            let mut body = Vec::new();
+            let mut intact = true;
+            for (region, header) in &parts {
+                let start = body.len();
+                if !self
+                    .read_checkpoint_part(*region, header, &mut body)
+                    .await?
+                {
+                    intact = false;
+                    break;
+                }
+                if hydrant_crc::crc32c(&body[start..]) != header.data_crc {
+                    intact = false;
+                    break;
+                }
+            }
+            let decoded = if intact {
+                self.decode_checkpoint(&body)
+            } else {
+                None
+            };
+            match decoded {
+                Some((covered, records)) => {
+                    return Ok(Some(LoadedCheckpoint {
+                        checkpoint_seq,
+                        regions: parts.iter().map(|(region, _)| *region).collect(),
+                        covered_below: first.covered_below,
+                        next_seq: first.next_seq,
+                        covered,
+                        records,
+                    }))
+                }
+                None => {
+                    log::warn!(
+                        "shard {}: checkpoint {checkpoint_seq} is damaged; recovering without it",
+                        self.shard
+                    );
+                    self.count(|counters| counters.checkpoints_damaged += 1);
+                    // An older checkpoint is not tried: the full scan is the one fallback.
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Append a part's bytes to `body`; false when its length cannot be right.
+    async fn read_checkpoint_part(
+        &self,
+        region: usize,
+        header: &CheckpointHeader,
+        body: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let room = self.geometry.region_bytes - BLOCK_BYTES as u64;
+        if header.data_bytes > room {
+            return Ok(false);
+        }
+        let mut done = 0u64;
+        while done < header.data_bytes {
+            let want = (header.data_bytes - done).min(CHECKPOINT_IO_BYTES as u64) as usize;
+            let len = want.next_multiple_of(BLOCK_BYTES);
+            let offset = self.places[region].offset + BLOCK_BYTES as u64 + done;
+            let (result, buf) =
+                read_at(self.file_of(region), self.arena.allocate(len), offset, len).await;
+            self.check_read(result, len, region)?;
+            body.extend_from_slice(&buf.as_slice()[..want]);
+            done += want as u64;
+        }
+        Ok(true)
+    }
+
+    /// The covered regions and records of a checkpoint's bytes; `None` if they do not parse or
+    /// name something this shard cannot hold.
+    #[allow(clippy::type_complexity)]
+    fn decode_checkpoint(
+        &self,
+        body: &[u8],
+    ) -> Option<(Vec<(u32, u64)>, Vec<(ObjectKey, ObjectRecord)>)> {
+        let mut reader = Reader { bytes: body };
+        let region_count = self.places.len() as u32;
+        let region_blocks = (self.geometry.region_bytes / BLOCK_BYTES as u64) as u32;
+        let covered_count = reader.u32()?;
+        if covered_count > region_count {
+            return None;
+        }
+        let mut covered = Vec::with_capacity(covered_count as usize);
+        for _ in 0..covered_count {
+            let region = reader.u32()?;
+            let region_seq = reader.u64()?;
+            if region >= region_count {
+                return None;
+            }
+            covered.push((region, region_seq));
+        }
+        let record_count = reader.u64()?;
+        // Each record takes at least 45 bytes: a count beyond that is damage, not memory to take.
+        if record_count > body.len() as u64 / 45 {
+            return None;
+        }
+        let mut records = Vec::with_capacity(record_count as usize);
+        for _ in 0..record_count {
+            let bucket_len = reader.u8()? as usize;
+            let bucket = reader.take(bucket_len)?;
+            let key_len = reader.u16()? as usize;
+            let key = reader.take(key_len)?;
+            let key = ObjectKey::from_parts(bucket, key)?;
+            let seq = reader.u64()?;
+            let bytes = reader.u64()?;
+            let flags = reader.u8()?;
+            if flags & !(RECORD_FLAG_DIRTY | RECORD_FLAG_ATTRIBUTES) != 0 {
+                return None;
+            }
+            let modified_ms = reader.u64()?;
+            let md5 = match reader.u8()? {
+                0 => None,
+                1 => Some(Md5Tag::decode(reader.take(MD5_TAG_BYTES)?)?),
+                _ => return None,
+            };
+            let chunk_count = reader.u32()? as u64;
+            if chunk_count != bytes.div_ceil(self.geometry.chunk_bytes as u64).max(1) {
+                return None;
+            }
+            let mut locations = Vec::with_capacity(chunk_count as usize);
+            for _ in 0..chunk_count {
+                let location = Location {
+                    region: reader.u32()?,
+                    block: reader.u32()?,
+                    first_crc: reader.u32()?,
+                };
+                if location.region >= region_count
+                    || location.block == 0
+                    || location.block >= region_blocks
+                {
+                    return None;
+                }
+                locations.push(location);
+            }
+            records.push((
+                key,
+                ObjectRecord {
+                    seq,
+                    bytes,
+                    flags,
+                    chunks: Chunks::from_vec(locations),
+                    stamp: Stamp { modified_ms, md5 }.into(),
+                },
+            ));
+        }
+        reader.bytes.is_empty().then_some((covered, records))
+    }
+}
+
+/// Reads little-endian fields off the front of a byte string; `None` past its end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < len {
+            return None;
+        }
+        let (taken, rest) = self.bytes.split_at(len);
+        self.bytes = rest;
+        Some(taken)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
