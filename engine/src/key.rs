@@ -69,6 +69,15 @@ impl ObjectKey {
         acceptable_on_device(bucket, parent).then(|| Self::join(bucket, key))
     }
 
+    /// Whether `from_parts` would accept these bytes (without making a key of them).
+    pub(crate) fn parts_acceptable(bucket: &[u8], key: &[u8]) -> bool {
+        let (Ok(bucket), Ok(key)) = (std::str::from_utf8(bucket), std::str::from_utf8(key)) else {
+            return false;
+        };
+        let parent = key.split_once('\0').map_or(key, |(parent, _)| parent);
+        acceptable_on_device(bucket, parent)
+    }
+
     /// The key under which chunk `chunk` of version `version_tag` of a large origin object is
     /// cached: `key NUL version NUL chunk`. Clients cannot name it (their keys have no NUL), and
     /// a new version at the origin gets new chunk keys, so stale chunks are never read. `None`

@@ -12,7 +12,13 @@
 //! - the covered log regions and their region_seq. A region reclaimed after the checkpoint has
 //!   another region_seq (or none) when recovery reads it: the checkpoint's locations in it are
 //!   dropped, and what reclaim kept of it was rewritten into a region that recovery scans.
-//! - the next operation seq, so that no seq named by a marker in a covered region is reused.
+//! - the next operation seq, so that no seq named by a marker in a covered region is reused,
+//!   and the seqs of the operations still in progress. A version the scan after the checkpoint
+//!   finds with an older seq that is neither the one the checkpoint holds for its key nor one
+//!   of those in progress belongs to an operation whose outcome the checkpoint already shows (a
+//!   put that a newer delete overtook and that wrote an entry again after reclaim took its
+//!   region, say): it is ignored, as the full scan ignores it thanks to the delete's tombstone
+//!   in a covered region.
 //!
 //! The checkpoint's bytes are cut into parts, one per free region taken for it, each under a
 //! `CheckpointHeader` with the part's CRC32C; the parts are made durable before the previous
@@ -21,7 +27,8 @@
 //! everything, as without checkpoints). Checkpoint regions are neither in the log nor free:
 //! reclaim never takes them, and the log keeps room for the next checkpoint beside the current.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 use crate::format::{CheckpointHeader, BLOCK_BYTES};
 use crate::rt::op::{read_at, write_at};
@@ -33,6 +40,7 @@ use super::index::{
     Chunks, Location, ObjectKey, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
 };
 use super::{Store, FREE_REGIONS_RESERVE};
+use crate::key::split_joined;
 
 /// Checkpoint parts are written and read this many bytes at a time.
 const CHECKPOINT_IO_BYTES: usize = 1024 * 1024;
@@ -117,7 +125,17 @@ pub(super) struct LoadedCheckpoint {
     pub next_seq: u64,
     /// (region, region_seq) of every log region it covers.
     pub covered: Vec<(u32, u64)>,
-    pub records: Vec<(ObjectKey, ObjectRecord)>,
+    /// Seqs of the operations in progress when it was taken.
+    pub in_progress: HashSet<u64>,
+    /// Joined keys (as the index shares them) and records, listed keys in order.
+    pub records: Vec<(Rc<[u8]>, ObjectRecord)>,
+}
+
+/// What a checkpoint's bytes hold besides the header's fields.
+struct CheckpointBody {
+    covered: Vec<(u32, u64)>,
+    in_progress: HashSet<u64>,
+    records: Vec<(Rc<[u8]>, ObjectRecord)>,
 }
 
 /// What a checkpoint's parts say of themselves, gathered from the region headers.
@@ -152,6 +170,11 @@ impl Store {
         }
     }
 
+    /// Regions the log cannot fill: the free ones it keeps and the checkpoint's.
+    pub(super) fn regions_kept(&self) -> usize {
+        self.free_regions_wanted() + self.checkpoints.parts_expected.get()
+    }
+
     /// Called when the log fills a region.
     pub(super) fn region_filled(&self) {
         let checkpoints = &self.checkpoints;
@@ -180,7 +203,10 @@ impl Store {
             self.writable()?;
             let covered_below = self.covered_below();
             let next_seq = self.next_seq.get();
+            let encoding = std::time::Instant::now();
             let body = self.encode_checkpoint(covered_below);
+            let pause_us = encoding.elapsed().as_micros() as u64;
+            self.count(|counters| counters.checkpoint_pause_us = pause_us);
             self.checkpoints.filled_since.set(0);
             let room = (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize;
             let parts = body.len().div_ceil(room).max(1);
@@ -199,6 +225,16 @@ impl Store {
             log.next_region_seq += 1;
             (body, covered_below, next_seq, taken, checkpoint_seq)
         };
+        // Reads of what reclaim just moved out of these regions may still be in flight.
+        for &region in &taken {
+            while self.regions.borrow()[region].readers > 0 {
+                self.region_idle.wait().await;
+            }
+        }
+        // A region reclaim freed has its header erased without a flush: make that durable
+        // before the region holds anything else, or a power cut could bring the old header
+        // back over the checkpoint's bytes.
+        self.make_durable().await?;
         // A failed write stops the store; the regions taken stay out of use until it reopens.
         self.write_checkpoint(&body, &taken, checkpoint_seq, covered_below, next_seq)
             .await?;
@@ -243,7 +279,8 @@ impl Store {
     ///
     /// ```text
     /// u32 covered regions, then for each: u32 region, u64 region_seq
-    /// u64 records, then for each:
+    /// u32 operations in progress, then for each: u64 seq
+    /// u64 records (listed keys in byte order, then chunk keys), then for each:
     ///   u8 bucket length, bucket, u16 key length, key,
     ///   u64 seq, u64 bytes, u8 flags (1 dirty, 4 attributes), u64 modified_ms,
     ///   u8 has MD5 tag, [18-byte MD5 tag],
@@ -265,9 +302,14 @@ impl Store {
             out.extend_from_slice(&region.to_le_bytes());
             out.extend_from_slice(&region_seq.to_le_bytes());
         }
+        let operations = self.operations.borrow();
+        out.extend_from_slice(&(operations.len() as u32).to_le_bytes());
+        for seq in operations.keys() {
+            out.extend_from_slice(&seq.to_le_bytes());
+        }
         out.extend_from_slice(&(index.len() as u64).to_le_bytes());
-        for (joined, record) in index.records() {
-            let (bucket, key) = crate::key::split_joined(joined);
+        for (joined, record) in index.records_in_order() {
+            let (bucket, key) = split_joined(joined);
             out.push(bucket.len() as u8);
             out.extend_from_slice(bucket);
             out.extend_from_slice(&(key.len() as u16).to_le_bytes());
@@ -392,15 +434,17 @@ impl Store {
                 None
             };
             match decoded {
-                Some((covered, records)) => {
+                Some(body) => {
+                    self.checkpoints.parts_expected.set(parts.len());
                     return Ok(Some(LoadedCheckpoint {
                         checkpoint_seq,
                         regions: parts.iter().map(|(region, _)| *region).collect(),
                         covered_below: first.covered_below,
                         next_seq: first.next_seq,
-                        covered,
-                        records,
-                    }))
+                        covered: body.covered,
+                        in_progress: body.in_progress,
+                        records: body.records,
+                    }));
                 }
                 None => {
                     log::warn!(
@@ -441,13 +485,9 @@ impl Store {
         Ok(true)
     }
 
-    /// The covered regions and records of a checkpoint's bytes; `None` if they do not parse or
-    /// name something this shard cannot hold.
-    #[allow(clippy::type_complexity)]
-    fn decode_checkpoint(
-        &self,
-        body: &[u8],
-    ) -> Option<(Vec<(u32, u64)>, Vec<(ObjectKey, ObjectRecord)>)> {
+    /// What a checkpoint's bytes hold; `None` if they do not parse or name something this
+    /// shard cannot hold.
+    fn decode_checkpoint(&self, body: &[u8]) -> Option<CheckpointBody> {
         let mut reader = Reader { bytes: body };
         let region_count = self.places.len() as u32;
         let region_blocks = (self.geometry.region_bytes / BLOCK_BYTES as u64) as u32;
@@ -464,18 +504,34 @@ impl Store {
             }
             covered.push((region, region_seq));
         }
+        let in_progress_count = reader.u32()?;
+        if in_progress_count as usize > body.len() / 8 {
+            return None;
+        }
+        let mut in_progress = HashSet::with_capacity(in_progress_count as usize);
+        for _ in 0..in_progress_count {
+            in_progress.insert(reader.u64()?);
+        }
         let record_count = reader.u64()?;
         // Each record takes at least 45 bytes: a count beyond that is damage, not memory to take.
         if record_count > body.len() as u64 / 45 {
             return None;
         }
         let mut records = Vec::with_capacity(record_count as usize);
+        let mut joined = Vec::with_capacity(crate::format::BUCKET_BYTES_MAX + 1 + 1024);
         for _ in 0..record_count {
             let bucket_len = reader.u8()? as usize;
             let bucket = reader.take(bucket_len)?;
             let key_len = reader.u16()? as usize;
             let key = reader.take(key_len)?;
-            let key = ObjectKey::from_parts(bucket, key)?;
+            if !ObjectKey::parts_acceptable(bucket, key) {
+                return None;
+            }
+            joined.clear();
+            joined.extend_from_slice(bucket);
+            joined.push(0);
+            joined.extend_from_slice(key);
+            let key: Rc<[u8]> = Rc::from(&joined[..]);
             let seq = reader.u64()?;
             let bytes = reader.u64()?;
             let flags = reader.u8()?;
@@ -489,7 +545,9 @@ impl Store {
                 _ => return None,
             };
             let chunk_count = reader.u32()? as u64;
-            if chunk_count != bytes.div_ceil(self.geometry.chunk_bytes as u64).max(1) {
+            if chunk_count != bytes.div_ceil(self.geometry.chunk_bytes as u64).max(1)
+                || chunk_count > reader.bytes.len() as u64 / 12
+            {
                 return None;
             }
             let mut locations = Vec::with_capacity(chunk_count as usize);
@@ -518,7 +576,11 @@ impl Store {
                 },
             ));
         }
-        reader.bytes.is_empty().then_some((covered, records))
+        reader.bytes.is_empty().then_some(CheckpointBody {
+            covered,
+            in_progress,
+            records,
+        })
     }
 }
 

@@ -199,6 +199,8 @@ pub struct Counters {
     pub checkpoints_skipped: u64,
     /// Size of the newest checkpoint written.
     pub checkpoint_bytes: u64,
+    /// How long the newest checkpoint held the shard's thread while it encoded the index.
+    pub checkpoint_pause_us: u64,
 }
 
 /// A shard's state, for stats.

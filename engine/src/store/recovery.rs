@@ -9,6 +9,7 @@
 //! dirty unless a clean marker names it.
 
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 use crate::format::{
     CheckpointHeader, EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES, ENTRY_FLAG_DIRTY,
@@ -44,6 +45,15 @@ struct KeyHistory {
     cleaned: Vec<u64>,
     /// Versions whose operation failed after writing them (void markers).
     voided: Vec<u64>,
+    /// The version a checkpoint holds for the key.
+    seeded: Option<u64>,
+}
+
+/// Which versions the scan after a checkpoint may add (see `store/checkpoint.rs`): those the
+/// checkpoint holds, those of operations in progress when it was taken, and newer ones.
+struct AfterCheckpoint {
+    next_seq: u64,
+    in_progress: HashSet<u64>,
 }
 
 #[derive(Default)]
@@ -52,6 +62,7 @@ struct IndexBuilder {
     keys: HashMap<ObjectKey, KeyHistory, foldhash::fast::RandomState>,
     seq_max: u64,
     inconsistent: u64,
+    after: Option<AfterCheckpoint>,
 }
 
 impl IndexBuilder {
@@ -67,6 +78,14 @@ impl IndexBuilder {
             self.seq_max = self.seq_max.max(header.object_bytes);
         }
         let history = self.keys.entry(key).or_default();
+        if let (EntryKind::Chunk, Some(after)) = (header.kind, &self.after) {
+            if header.seq < after.next_seq
+                && history.seeded != Some(header.seq)
+                && !after.in_progress.contains(&header.seq)
+            {
+                return;
+            }
+        }
         match header.kind {
             EntryKind::Tombstone => history.tombstones.push(header.seq),
             EntryKind::Seal => {}
@@ -124,31 +143,35 @@ impl IndexBuilder {
         }
     }
 
-    /// Start from a checkpoint's records: each version as a candidate whose chunks are known
-    /// where they lie in a region the checkpoint still covers (`valid`); the scan of the
-    /// regions after it fills in the others it moved, or leaves the version incomplete.
-    fn seed(&mut self, records: &[(ObjectKey, ObjectRecord)], valid: &HashSet<u32>, next_seq: u64) {
-        self.seq_max = self.seq_max.max(next_seq.saturating_sub(1));
-        for (key, record) in records {
-            let chunks = record
-                .chunks
-                .as_slice()
-                .iter()
-                .map(|location| valid.contains(&location.region).then_some(*location))
-                .collect();
-            let history = self.keys.entry(key.clone()).or_default();
-            history.versions.push(Candidate {
-                seq: record.seq,
-                bytes: record.bytes,
-                dirty: record.dirty(),
-                described: record.described(),
-                stamp: record.stamp.into(),
-                chunks,
-            });
-        }
+    /// A checkpoint's record as a candidate whose chunks are known where they lie in a region
+    /// the checkpoint still covers (`valid`); the scan of the regions after it fills in the
+    /// others it moved, or leaves the version incomplete.
+    fn seed(&mut self, key: ObjectKey, record: &ObjectRecord, valid: &HashSet<u32>) {
+        let chunks = record
+            .chunks
+            .as_slice()
+            .iter()
+            .map(|location| valid.contains(&location.region).then_some(*location))
+            .collect();
+        let history = self.keys.entry(key).or_default();
+        history.seeded = Some(record.seq);
+        history.versions.push(Candidate {
+            seq: record.seq,
+            bytes: record.bytes,
+            dirty: record.dirty(),
+            described: record.described(),
+            stamp: record.stamp.into(),
+            chunks,
+        });
     }
 
+    #[cfg(test)]
     fn finish(self) -> Index {
+        Index::built_from(self.finish_records())
+    }
+
+    /// The newest complete version of each key.
+    fn finish_records(self) -> Vec<(ObjectKey, ObjectRecord)> {
         let mut records = Vec::with_capacity(self.keys.len());
         for (key, history) in self.keys {
             let tombstone = history
@@ -193,7 +216,7 @@ impl IndexBuilder {
                 ));
             }
         }
-        Index::built_from(records)
+        records
     }
 }
 
@@ -299,20 +322,20 @@ impl Store {
         }
         used.sort_unstable();
 
-        let checkpoint = if self.checkpoints.policy.load {
+        let mut checkpoint = if self.checkpoints.policy.load {
             self.load_checkpoint(&checkpoint_parts).await?
         } else {
             None
         };
-        let mut builder = IndexBuilder::default();
         // Log regions left from before the checkpoint that it does not cover: their header
         // survived a reclaim whose erasure was not yet durable. Nothing in them is current.
         let mut stale = Vec::new();
+        let mut valid: HashSet<u32> = HashSet::new();
         let covered_below = match &checkpoint {
             Some(checkpoint) => {
                 let on_device: HashMap<usize, u64> =
                     used.iter().map(|&(seq, region)| (region, seq)).collect();
-                let valid: HashSet<u32> = checkpoint
+                valid = checkpoint
                     .covered
                     .iter()
                     .filter(|&&(region, seq)| on_device.get(&(region as usize)) == Some(&seq))
@@ -325,20 +348,18 @@ impl Store {
                     }
                     keep
                 });
-                builder.seed(&checkpoint.records, &valid, checkpoint.next_seq);
                 checkpoint.covered_below
             }
             None => 0,
         };
 
         let mut tail_end = None;
-        let mut scanned = 0;
+        let mut scans = Vec::new();
         for (position, &(region_seq, region)) in used.iter().enumerate() {
             self.regions.borrow_mut()[region].region_seq = region_seq;
             if region_seq < covered_below {
                 continue;
             }
-            scanned += 1;
             let newest = position + 1 == used.len();
             // The newest region needs its data verified unless it was sealed: by a clean close
             // or by an earlier recovery, both of which flushed everything before the seal.
@@ -357,18 +378,59 @@ impl Store {
                 counters.damaged_headers += scan.damaged_headers;
                 counters.torn_tails += u64::from(scan.torn);
             });
-            for entry in &scan.entries {
+            if newest && !trusted_seal {
+                tail_end = Some((region, region_seq, scan.end));
+            }
+            scans.push((region, scan.entries));
+        }
+        let scanned = scans.len() as u64;
+
+        // A checkpoint's records go straight into the index, but for the keys the scan found
+        // entries of and those with a chunk in a region reclaimed since: those become
+        // candidates beside what the scan found, as a full scan would have gathered them.
+        let mut builder = IndexBuilder::default();
+        let mut direct: Vec<(Rc<[u8]>, ObjectRecord)> = Vec::new();
+        if let Some(checkpoint) = &mut checkpoint {
+            builder.seq_max = checkpoint.next_seq.saturating_sub(1);
+            builder.after = Some(AfterCheckpoint {
+                next_seq: checkpoint.next_seq,
+                in_progress: std::mem::take(&mut checkpoint.in_progress),
+            });
+            let mut scanned_keys: HashSet<Vec<u8>> = HashSet::new();
+            for (_, entries) in &scans {
+                for entry in entries {
+                    let mut joined = entry.header.bucket.clone();
+                    joined.push(0);
+                    joined.extend_from_slice(&entry.header.key);
+                    scanned_keys.insert(joined);
+                }
+            }
+            let records = std::mem::take(&mut checkpoint.records);
+            direct.reserve(records.len());
+            for (key, record) in records {
+                let moved = record
+                    .chunks
+                    .as_slice()
+                    .iter()
+                    .any(|location| !valid.contains(&location.region));
+                if moved || scanned_keys.contains(&key[..]) {
+                    builder.seed(ObjectKey::from_joined(&key), &record, &valid);
+                } else {
+                    direct.push((key, record));
+                }
+            }
+        }
+        for (region, entries) in &scans {
+            for entry in entries {
                 builder.add(
-                    region,
+                    *region,
                     entry.offset,
                     &entry.header,
                     self.geometry.chunk_bytes,
                 );
             }
-            if newest && !trusted_seal {
-                tail_end = Some((region, region_seq, scan.end));
-            }
         }
+        drop(scans);
         let seq_max = builder.seq_max;
         if builder.inconsistent > 0 {
             log::warn!(
@@ -377,7 +439,13 @@ impl Store {
                 builder.inconsistent
             );
         }
-        *self.index.borrow_mut() = builder.finish();
+        direct.extend(
+            builder
+                .finish_records()
+                .into_iter()
+                .map(|(key, record)| (Rc::from(key.into_joined()), record)),
+        );
+        *self.index.borrow_mut() = Index::built_from_shared(direct);
         self.next_seq.set(seq_max + 1);
         let mut in_use = vec![false; self.places.len()];
         for &(_, region) in &used {
@@ -501,6 +569,69 @@ mod tests {
             entry(EntryKind::Tombstone, 7, 0),
         ]);
         assert!(index.get(&key).is_none());
+    }
+
+    #[test]
+    fn after_a_checkpoint_only_its_versions_those_in_progress_and_newer_ones_are_added() {
+        let key = ObjectKey::new("b", "k").unwrap();
+        let location = Location {
+            region: 0,
+            block: 1,
+            first_crc: 0,
+        };
+        let record = ObjectRecord {
+            seq: 6,
+            bytes: 100,
+            flags: 0,
+            chunks: Chunks::One(location),
+            stamp: Stamp::default().into(),
+        };
+        let valid: HashSet<u32> = [0].into_iter().collect();
+        let after = |in_progress: &[u64]| {
+            let mut builder = IndexBuilder {
+                after: Some(AfterCheckpoint {
+                    next_seq: 20,
+                    in_progress: in_progress.iter().copied().collect(),
+                }),
+                ..IndexBuilder::default()
+            };
+            builder.seq_max = 19;
+            builder
+        };
+        let add = |builder: &mut IndexBuilder, header: &EntryHeader| {
+            builder.add(1, 8 * BLOCK_BYTES as u64, header, 4096)
+        };
+        // The key was deleted before the checkpoint (it holds no record); a put overtaken by
+        // that delete wrote its entry again after the checkpoint's regions: not brought back.
+        let mut builder = after(&[]);
+        add(&mut builder, &entry(EntryKind::Chunk, 10, 100));
+        assert!(builder.finish().get(&key).is_none());
+        // The same put still in progress when the checkpoint was taken: it may have finished.
+        let mut builder = after(&[10]);
+        add(&mut builder, &entry(EntryKind::Chunk, 10, 100));
+        assert_eq!(
+            builder.finish().get(&key).map(|record| record.seq),
+            Some(10)
+        );
+        // The checkpoint's own version, moved by reclaim since, and a newer version.
+        let mut builder = after(&[]);
+        builder.seed(key.clone(), &record, &HashSet::new());
+        add(&mut builder, &entry(EntryKind::Chunk, 6, 100));
+        let index = builder.finish();
+        let found = index.get(&key).expect("the checkpoint's version");
+        assert_eq!((found.seq, found.chunks.get(0).region), (6, 1));
+        let mut builder = after(&[]);
+        builder.seed(key.clone(), &record, &valid);
+        add(&mut builder, &entry(EntryKind::Chunk, 21, 100));
+        assert_eq!(
+            builder.finish().get(&key).map(|record| record.seq),
+            Some(21)
+        );
+        // A tombstone after the checkpoint deletes its version.
+        let mut builder = after(&[]);
+        builder.seed(key.clone(), &record, &valid);
+        add(&mut builder, &entry(EntryKind::Tombstone, 22, 0));
+        assert!(builder.finish().get(&key).is_none());
     }
 
     #[test]

@@ -166,7 +166,7 @@ impl Store {
     /// accepts. Its chunks stay pinned until it ends, so it never reclaims them; other data may
     /// be evicted (or, if pinned, make it fail with NoSpace midway, leaving nothing behind).
     pub(super) fn streamed_object_bytes_limit(&self) -> u64 {
-        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE + 1) as u64;
+        let usable_regions = self.places.len().saturating_sub(self.regions_kept() + 1) as u64;
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         let entries_per_region =
             (self.geometry.region_bytes - BLOCK_BYTES as u64) / (chunk_bytes + BLOCK_BYTES as u64);
@@ -174,9 +174,10 @@ impl Store {
     }
 
     /// The largest object a put accepts on this shard: half of what its regions can hold beside
-    /// the reserve that reclaim needs, so that writing it never has to reclaim its own chunks.
+    /// the reserve that reclaim needs (and the checkpoint's regions), so that writing it never
+    /// has to reclaim its own chunks.
     pub(super) fn object_bytes_limit(&self) -> u64 {
-        let usable_regions = self.places.len().saturating_sub(FREE_REGIONS_RESERVE) as u64;
+        let usable_regions = self.places.len().saturating_sub(self.regions_kept()) as u64;
         usable_regions * (self.geometry.region_bytes - BLOCK_BYTES as u64) / 2
     }
 
