@@ -250,30 +250,27 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
 /// Start a process that opens the store, writes round `kill`'s tail objects (its newest region
 /// open and unsealed) and waits; SIGKILL it.
 fn kill_after_tail(args: &RestartArgs, kill: usize) -> Result<(), String> {
-    let round = kill;
-    {
-        let mut child = Command::new(std::env::current_exe().map_err(|error| error.to_string())?)
-            .args(["restart", "--hold-round", &round.to_string()])
-            .arg("--dir")
-            .arg(&args.dir)
-            .arg("--objects")
-            .arg(args.objects.to_string())
-            .arg("--rounds")
-            .arg(args.rounds.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|error| format!("cannot start the process to kill: {error}"))?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut line)
-            .map_err(|error| error.to_string())?;
-        if line.trim() != "ready" {
-            let _ = child.kill();
-            return Err(format!("the process to kill said {line:?}"));
-        }
-        // SIGKILL: no close, no seal; the newest region is open.
-        child.kill().map_err(|error| error.to_string())?;
-        let _ = child.wait();
+    let mut child = Command::new(std::env::current_exe().map_err(|error| error.to_string())?)
+        .args(["restart", "--hold-round", &kill.to_string()])
+        .arg("--dir")
+        .arg(&args.dir)
+        .arg("--objects")
+        .arg(args.objects.to_string())
+        .arg("--rounds")
+        .arg(args.rounds.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|error| format!("cannot start the process to kill: {error}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .map_err(|error| error.to_string())?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        return Err(format!("the process to kill said {line:?}"));
     }
+    // SIGKILL: no close, no seal; the newest region is open.
+    child.kill().map_err(|error| error.to_string())?;
+    let _ = child.wait();
     Ok(())
 }

@@ -95,7 +95,7 @@ impl ObjectKey {
 
     /// Whether this is one of the engine's chunk keys rather than a client's object.
     pub fn is_origin_chunk(&self) -> bool {
-        self.key_bytes().contains(&0)
+        is_origin_chunk_joined(&self.0)
     }
 
     /// A copy of a joined key the index holds.
@@ -131,6 +131,11 @@ impl ObjectKey {
     pub(crate) fn into_joined(self) -> Box<[u8]> {
         self.0
     }
+}
+
+/// `ObjectKey::is_origin_chunk` of a joined key the index holds.
+pub(crate) fn is_origin_chunk_joined(joined: &[u8]) -> bool {
+    split_joined(joined).1.contains(&0)
 }
 
 /// (bucket, key) of a joined key.

@@ -31,7 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use crate::format::{CheckpointHeader, BLOCK_BYTES};
-use crate::rt::op::{read_at, write_at};
+use crate::rt::op::read_at;
 use crate::rt::sync::{Section, WaitQueue};
 use crate::stamp::{Md5Tag, Stamp, MD5_TAG_BYTES};
 use crate::Result;
@@ -208,8 +208,7 @@ impl Store {
             let pause_us = encoding.elapsed().as_micros() as u64;
             self.count(|counters| counters.checkpoint_pause_us = pause_us);
             self.checkpoints.filled_since.set(0);
-            let room = (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize;
-            let parts = body.len().div_ceil(room).max(1);
+            let parts = body.len().div_ceil(self.part_bytes_max()).max(1);
             self.checkpoints.parts_expected.set(parts);
             let mut log = self.log.borrow_mut();
             // The parts, and the log's own reserve left beside them.
@@ -240,10 +239,7 @@ impl Store {
             .await?;
         let old = std::mem::replace(&mut self.log.borrow_mut().checkpoint, taken);
         for region in old {
-            let mut buf = self.arena.allocate(BLOCK_BYTES);
-            buf.set_len(BLOCK_BYTES);
-            buf.as_mut_slice().fill(0);
-            self.write_block(region, 0, buf).await?;
+            self.erase_header(region).await?;
             self.log.borrow_mut().free.push_back(region);
         }
         self.count(|counters| {
@@ -345,11 +341,10 @@ impl Store {
         covered_below: u64,
         next_seq: u64,
     ) -> Result<()> {
-        let room = (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize;
         let parts: Vec<&[u8]> = if body.is_empty() {
             vec![&[][..]]
         } else {
-            body.chunks(room).collect()
+            body.chunks(self.part_bytes_max()).collect()
         };
         assert_eq!(parts.len(), taken.len());
         for (part, (&region, data)) in taken.iter().zip(&parts).enumerate() {
@@ -360,15 +355,7 @@ impl Store {
                 buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
                 buf.as_mut_slice()[bytes.len()..].fill(0);
                 let offset = (BLOCK_BYTES + piece * CHECKPOINT_IO_BYTES) as u64;
-                let (result, _buf) = write_at(
-                    self.file_of(region),
-                    buf,
-                    self.places[region].offset + offset,
-                )
-                .await;
-                result.map_err(|error| {
-                    self.fail(format!("checkpoint write to region {region}"), error)
-                })?;
+                self.write_block(region, offset, buf).await?;
             }
             let header = CheckpointHeader {
                 checkpoint_seq,
@@ -390,8 +377,10 @@ impl Store {
         self.make_durable().await
     }
 
-    /// The newest checkpoint among `found` whose parts are all present and intact, read and
-    /// decoded; `None` when there is none. Damaged ones are counted and passed over.
+    /// The newest checkpoint among `found` whose parts are all present, read and decoded.
+    /// Incomplete ones (a crash while one was written) are passed over; if the newest complete
+    /// one is damaged it is counted and `None` returned: the full scan is the one fallback.
+    /// `None` too when there is none.
     pub(super) async fn load_checkpoint(
         &self,
         found: &CheckpointParts,
@@ -460,6 +449,11 @@ impl Store {
         Ok(None)
     }
 
+    /// The most bytes one part holds: a region less its header block.
+    fn part_bytes_max(&self) -> usize {
+        (self.geometry.region_bytes - BLOCK_BYTES as u64) as usize
+    }
+
     /// Append a part's bytes to `body`; false when its length cannot be right.
     async fn read_checkpoint_part(
         &self,
@@ -467,8 +461,7 @@ impl Store {
         header: &CheckpointHeader,
         body: &mut Vec<u8>,
     ) -> Result<bool> {
-        let room = self.geometry.region_bytes - BLOCK_BYTES as u64;
-        if header.data_bytes > room {
+        if header.data_bytes > self.part_bytes_max() as u64 {
             return Ok(false);
         }
         let mut done = 0u64;

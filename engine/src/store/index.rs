@@ -225,7 +225,7 @@ impl Index {
         let mut listed = Vec::with_capacity(records.len());
         let (mut chunk_keys, mut bytes) = (0, 0);
         for (shared, record) in records {
-            let chunk = crate::key::split_joined(&shared).1.contains(&0);
+            let chunk = crate::key::is_origin_chunk_joined(&shared);
             bytes += record.bytes;
             if chunk {
                 chunk_keys += 1;
@@ -359,7 +359,7 @@ impl Index {
         let chunks = self
             .objects
             .iter()
-            .filter(|(key, _)| crate::key::split_joined(key).1.contains(&0))
+            .filter(|(key, _)| crate::key::is_origin_chunk_joined(key))
             .map(|(key, record)| (&key[..], record));
         listed.chain(chunks)
     }

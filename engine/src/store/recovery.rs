@@ -488,10 +488,7 @@ impl Store {
             .filter(|region| !checkpoint_regions.contains(region));
         let erase: Vec<usize> = stale.iter().copied().chain(stale_checkpoints).collect();
         for &region in &erase {
-            let mut buf = self.arena.allocate(BLOCK_BYTES);
-            buf.set_len(BLOCK_BYTES);
-            buf.as_mut_slice().fill(0);
-            self.write_block(region, 0, buf).await?;
+            self.erase_header(region).await?;
         }
         if let Some((region, region_seq, end)) = tail_end {
             self.write_seal(region, region_seq, end).await?;

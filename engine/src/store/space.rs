@@ -192,7 +192,7 @@ impl Store {
         Ok(())
     }
 
-    /// Write one block at `offset` of `region`, outside the allocation of entries.
+    /// Write `buf` (whole blocks) at `offset` of `region`, outside the allocation of entries.
     pub(super) async fn write_block(&self, region: usize, offset: u64, buf: IoBuf) -> Result<()> {
         let (result, _buf) = write_at(
             self.file_of(region),
@@ -201,6 +201,15 @@ impl Store {
         )
         .await;
         result.map_err(|error| self.fail(format!("write to region {region} at {offset}"), error))
+    }
+
+    /// Zero a region's first block, so that no later open takes it for a log region or a
+    /// checkpoint part. Not made durable here.
+    pub(super) async fn erase_header(&self, region: usize) -> Result<()> {
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        buf.set_len(BLOCK_BYTES);
+        buf.as_mut_slice().fill(0);
+        self.write_block(region, 0, buf).await
     }
 
     /// Reclaim the oldest sealed regions until `free` regions are free, or until every sealed
@@ -297,10 +306,7 @@ impl Store {
             }
         }
         self.make_durable().await?;
-        let mut buf = self.arena.allocate(BLOCK_BYTES);
-        buf.set_len(BLOCK_BYTES);
-        buf.as_mut_slice().fill(0);
-        self.write_block(victim, 0, buf).await?;
+        self.erase_header(victim).await?;
         self.count(|counters| counters.reclaims += 1);
         Ok(Reclaimed::Freed)
     }
