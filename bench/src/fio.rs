@@ -11,7 +11,8 @@ pub struct FioResult {
     pub bytes_per_second: f64,
 }
 
-/// Run one fio job on `path` and return its read figures.
+/// Run one fio job on `path` and return its figures: the writes' for a pattern that writes,
+/// else the reads'.
 pub fn run(
     path: &Path,
     name: &str,
@@ -40,7 +41,12 @@ pub fn run(
     if let Some(cpu) = cpu {
         command.arg(format!("--cpus_allowed={cpu}"));
     }
-    parse(&execute(&mut command)?)
+    let side = if pattern.contains("write") {
+        "write"
+    } else {
+        "read"
+    };
+    parse(&execute(&mut command)?, side)
 }
 
 /// Fill `bytes` of `path` with sequential writes, so that later reads touch written blocks.
@@ -106,13 +112,15 @@ fn report(json: &[u8]) -> Result<serde_json::Value, String> {
     serde_json::from_str(&text[start..]).map_err(|error| format!("fio JSON: {error}"))
 }
 
-fn parse(json: &[u8]) -> Result<FioResult, String> {
+fn parse(json: &[u8], side: &str) -> Result<FioResult, String> {
     let report = report(json)?;
-    let read = &report["jobs"][0]["read"];
-    let iops = read["iops"].as_f64().ok_or("fio JSON has no read iops")?;
-    let bytes_per_second = read["bw_bytes"]
+    let figures = &report["jobs"][0][side];
+    let iops = figures["iops"]
         .as_f64()
-        .ok_or("fio JSON has no read bw_bytes")?;
+        .ok_or_else(|| format!("fio JSON has no {side} iops"))?;
+    let bytes_per_second = figures["bw_bytes"]
+        .as_f64()
+        .ok_or_else(|| format!("fio JSON has no {side} bw_bytes"))?;
     Ok(FioResult {
         iops,
         bytes_per_second,

@@ -35,6 +35,10 @@ pub struct LocalArgs {
     /// The DRAM tier (0: every read from NVMe).
     #[arg(long, default_value_t = 0)]
     dram_bytes: u64,
+    /// Measure writes instead: same-host WRITEs from a region against TCP PUTs of the same
+    /// objects, and fio writing a file beside the data file sequentially (1 MiB, depth 8).
+    #[arg(long)]
+    write: bool,
 }
 
 /// CPU seconds (user + system) of this process, or of its waited-for children.
@@ -111,6 +115,101 @@ fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> 
     }
 }
 
+/// A metric summed over the server's shards, from STATS.
+fn metric(client: &mut Client, name: &str) -> Result<u64, String> {
+    let stats = client.stats().map_err(|error| error.to_string())?;
+    Ok(stats
+        .iter()
+        .flat_map(|(_, text)| text.lines())
+        .filter(|line| line.split([' ', '{']).next() == Some(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// Writes: `--objects` keys overwritten round robin by `--streams` writers, through the
+/// same-host path and over TCP, and fio's sequential write rate on the same file system.
+fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Result<(), String> {
+    let error = |error: hydrant_client::ClientError| error.to_string();
+    let object_bytes = args.object_bytes;
+    let value: Vec<u8> = (0..object_bytes).map(|byte| (byte * 31) as u8).collect();
+    let fio_path = args.dir.join("local-bench-fio.dat");
+    crate::fio::fill(&fio_path, 1 << 30)?;
+    let mut stats = Client::connect(address, Duration::from_secs(30)).map_err(error)?;
+    println!(
+        "| round | same-host GiB/s | CPU s/GiB | copies/byte | TCP loopback GiB/s | CPU s/GiB | fio write GiB/s | fio CPU s/GiB |  ({} keys of {} bytes overwritten, {} writers)",
+        args.objects, object_bytes, args.streams
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for round in 1..=args.rounds {
+        let locals: Vec<_> = (0..args.streams)
+            .map(|_| {
+                let mut client = LocalClient::connect(socket).map_err(error)?;
+                let mut region = client.allocate(object_bytes as u64).map_err(error)?;
+                region.as_mut_slice()[..object_bytes].copy_from_slice(&value);
+                Ok(std::sync::Mutex::new((client, region)))
+            })
+            .collect::<Result<_, String>>()?;
+        let written_before = metric(&mut stats, "hydrant_shared_write_bytes_total")?;
+        let copied_before = metric(&mut stats, "hydrant_shared_write_copied_bytes_total")?;
+        let local = measure(args.streams, args.seconds, |index| {
+            let mut guard = locals[index % locals.len()].lock().unwrap();
+            let (client, region) = &mut *guard;
+            let key = format!("w{}", index % args.objects);
+            client
+                .write_from(
+                    region,
+                    0,
+                    object_bytes as u64,
+                    "bench",
+                    &key,
+                    hydrant_client::local::LocalCondition::None,
+                )
+                .expect("same-host write");
+            object_bytes as u64
+        });
+        drop(locals);
+        let written = metric(&mut stats, "hydrant_shared_write_bytes_total")? - written_before;
+        let copied = metric(&mut stats, "hydrant_shared_write_copied_bytes_total")? - copied_before;
+        let copies = copied as f64 / written.max(1) as f64;
+        let tcps: Vec<_> = (0..args.streams)
+            .map(|_| {
+                Client::connect(address, Duration::from_secs(30))
+                    .map(std::sync::Mutex::new)
+                    .map_err(error)
+            })
+            .collect::<Result<_, String>>()?;
+        let tcp = measure(args.streams, args.seconds, |index| {
+            let mut client = tcps[index % tcps.len()].lock().unwrap();
+            let key = format!("w{}", index % args.objects);
+            client.put("bench", &key, &value).expect("tcp put");
+            object_bytes as u64
+        });
+        drop(tcps);
+        let children_before = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
+        let fio = crate::fio::run(
+            &fio_path,
+            "local-bench-write",
+            "write",
+            "1m",
+            8,
+            args.seconds,
+            None,
+        )?;
+        let fio_cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - children_before;
+        let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
+        println!(
+            "| {round} | {:.2} | {:.3} | {copies:.2} | {:.2} | {:.3} | {fio_gib:.2} | {:.3} |",
+            local.gib_per_second,
+            local.cpu_seconds_per_gib,
+            tcp.gib_per_second,
+            tcp.cpu_seconds_per_gib,
+            fio_cpu / (fio_gib * args.seconds as f64)
+        );
+    }
+    let _ = std::fs::remove_file(&fio_path);
+    Ok(())
+}
+
 pub fn local(args: LocalArgs) -> Result<(), String> {
     std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
     let path = args.dir.join("local-bench.hyd");
@@ -125,6 +224,11 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
         ..ServerConfig::new("127.0.0.1:0".parse().expect("address"), engine)
     })?;
     let address = vec![server.address().to_string()];
+    if args.write {
+        let measured = writes(&args, &socket, &address);
+        server.stop().map_err(|error| error.to_string())?;
+        return measured;
+    }
     let error = |error: hydrant_client::ClientError| error.to_string();
     let mut loader = Client::connect(&address, Duration::from_secs(30)).map_err(error)?;
     for index in 0..args.objects {

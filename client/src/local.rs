@@ -28,8 +28,10 @@ use nix::sys::socket;
 
 use hydrant_proto::local::{
     local_message, LocalHeader, LocalOpcode, LocalRead, LocalReadAnswer, LocalReadItem,
-    LocalRegionInfo, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGION_FLAG_HUGE_PAGES,
+    LocalRegionInfo, LocalWrite, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END,
+    LOCAL_REGION_FLAG_HUGE_PAGES,
 };
+pub use hydrant_proto::local::{LocalCondition, LocalWriteAnswer as WriteInfo};
 use hydrant_proto::Status;
 
 use crate::cuda::{CudaError, CudaRuntime};
@@ -37,6 +39,9 @@ use crate::{ClientError, Result};
 
 /// How long a request may wait for its answer.
 const LOCAL_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a WRITE may wait for its answer: a large object to a write-through bucket is
+/// answered only once the origin has it.
+const LOCAL_WRITE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Distinguishes connections, so that a region is only used with the one it belongs to.
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
@@ -277,6 +282,43 @@ impl LocalClient {
                 }
             })
             .collect())
+    }
+
+    /// Store the `length` bytes at `offset` of `region` as `bucket/key`, by the bucket's write
+    /// mode, if the key is as `condition` requires (else a PRECONDITION_FAILED status). The
+    /// bytes do not cross the socket: the shard that owns the key copies them from the region
+    /// into its own buffers, checksums them there and writes them. Answers once the object is
+    /// durable (on NVMe, or at the origin for a write-through bucket). Leave the bytes as they
+    /// are until then: bytes changed meanwhile are stored as they were when the server copied
+    /// them, a mix of old and new. A client that goes away before the answer abandons the write
+    /// (nothing becomes visible, unless its last chunk was already written).
+    pub fn write_from(
+        &mut self,
+        region: &Region,
+        offset: u64,
+        length: u64,
+        bucket: &str,
+        key: &str,
+        condition: LocalCondition,
+    ) -> Result<WriteInfo> {
+        if region.connection != self.connection {
+            return Err(ClientError::Usage(
+                "this region belongs to another connection".into(),
+            ));
+        }
+        let request = LocalWrite {
+            region: region.id,
+            offset,
+            length,
+            condition,
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+        };
+        self.stream.set_read_timeout(Some(LOCAL_WRITE_TIMEOUT))?;
+        let answered = self.call(LocalOpcode::Write, &request.encode());
+        self.stream.set_read_timeout(Some(LOCAL_REQUEST_TIMEOUT))?;
+        let (_, body, _) = answered?;
+        Ok(WriteInfo::decode(&body)?)
     }
 
     /// Give the server's side of a region back before the connection closes.

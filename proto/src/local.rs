@@ -38,6 +38,8 @@ pub enum LocalOpcode {
     Read = 2,
     /// Body: u32 region. Answer: empty.
     Free = 3,
+    /// Body: `LocalWrite`. Answer: `LocalWriteAnswer`.
+    Write = 4,
 }
 
 impl LocalOpcode {
@@ -46,6 +48,7 @@ impl LocalOpcode {
             1 => Ok(LocalOpcode::Allocate),
             2 => Ok(LocalOpcode::Read),
             3 => Ok(LocalOpcode::Free),
+            4 => Ok(LocalOpcode::Write),
             other => Err(ProtoError::UnknownOpcode(other)),
         }
     }
@@ -215,6 +218,113 @@ impl LocalReadAnswer {
         }
         reader.finish()?;
         Ok(LocalReadAnswer { items })
+    }
+}
+
+/// What a WRITE requires of its key before it is written (checked on the key's shard with no
+/// other write of the key in between).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalCondition {
+    /// Nothing: an ordinary write.
+    None,
+    /// No object under the key, here or at its origin (S3's `If-None-Match: *`).
+    Absent,
+    /// The version stored here is this one (its seq, as a WRITE or GET answered it).
+    Version(u64),
+}
+
+/// WRITE: store the `length` bytes at `offset` of the region as `bucket/key`, by the bucket's
+/// write mode. The client leaves those bytes alone until the answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalWrite {
+    pub region: u32,
+    pub offset: u64,
+    pub length: u64,
+    pub condition: LocalCondition,
+    pub bucket: String,
+    pub key: String,
+}
+
+impl LocalWrite {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        writer.u32(self.region);
+        writer.u64(self.offset);
+        writer.u64(self.length);
+        let (kind, version) = match self.condition {
+            LocalCondition::None => (0, 0),
+            LocalCondition::Absent => (1, 0),
+            LocalCondition::Version(seq) => (2, seq),
+        };
+        writer.u8(kind);
+        writer.u64(version);
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.key.as_bytes());
+        writer.finish()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<LocalWrite, ProtoError> {
+        let mut reader = Reader::new(bytes);
+        let region = reader.u32()?;
+        let offset = reader.u64()?;
+        let length = reader.u64()?;
+        let kind = reader.u8()?;
+        let version = reader.u64()?;
+        let condition = match (kind, version) {
+            (0, 0) => LocalCondition::None,
+            (1, 0) => LocalCondition::Absent,
+            (2, seq) => LocalCondition::Version(seq),
+            _ => return Err(ProtoError::Malformed("an unknown WRITE condition")),
+        };
+        let bucket = reader.text16(255, "bucket")?.to_string();
+        let key = reader.text16(4096, "key")?.to_string();
+        reader.finish()?;
+        Ok(LocalWrite {
+            region,
+            offset,
+            length,
+            condition,
+            bucket,
+            key,
+        })
+    }
+}
+
+/// The answer to a WRITE that stored its object: its version and whether it still has to be
+/// written back to the origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalWriteAnswer {
+    pub seq: u64,
+    pub bytes: u64,
+    pub dirty: bool,
+}
+
+impl LocalWriteAnswer {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        writer.u64(self.seq);
+        writer.u64(self.bytes);
+        writer.u8(u8::from(self.dirty));
+        writer.finish()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<LocalWriteAnswer, ProtoError> {
+        let mut reader = Reader::new(bytes);
+        let answer = LocalWriteAnswer {
+            seq: reader.u64()?,
+            bytes: reader.u64()?,
+            dirty: match reader.u8()? {
+                0 => false,
+                1 => true,
+                _ => {
+                    return Err(ProtoError::Malformed(
+                        "a WRITE answer's dirty flag is 0 or 1",
+                    ))
+                }
+            },
+        };
+        reader.finish()?;
+        Ok(answer)
     }
 }
 

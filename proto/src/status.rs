@@ -19,6 +19,8 @@ pub enum Status {
     ChecksumMismatch = 0x18,
     /// The origin refused the request for good (permission, a name it cannot hold).
     OriginRefused = 0x19,
+    /// The key is not as a conditional write requires (another version, or present).
+    PreconditionFailed = 0x1a,
     // Retriable: 0x40..=0x7f.
     Busy = 0x40,
     OriginUnavailable = 0x41,
@@ -43,7 +45,7 @@ pub enum StatusClass {
 }
 
 impl Status {
-    pub const ALL: [Status; 20] = [
+    pub const ALL: [Status; 21] = [
         Status::Ok,
         Status::BadRequest,
         Status::NotFound,
@@ -55,6 +57,7 @@ impl Status {
         Status::Unsupported,
         Status::ChecksumMismatch,
         Status::OriginRefused,
+        Status::PreconditionFailed,
         Status::Busy,
         Status::OriginUnavailable,
         Status::ShuttingDown,

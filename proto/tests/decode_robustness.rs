@@ -2,6 +2,9 @@
 //! read past their input, and never accept a header whose announced lengths exceed the limits.
 //! (A stable, bounded stand-in that runs in every CI; a cargo-fuzz target is still to come.)
 
+use hydrant_proto::local::{
+    LocalCondition, LocalRead, LocalReadAnswer, LocalRegionInfo, LocalWrite, LocalWriteAnswer,
+};
 use hydrant_proto::message::{
     GetRequest, HelloRequest, HelloResponse, ListEntries, ListRequest, Message, ObjectInfo,
     ObjectName, PutRequest,
@@ -37,6 +40,13 @@ fn decode_everything(bytes: &[u8], limits: &Limits) -> bool {
     let _ = ObjectInfo::decode(bytes);
     let _ = ListRequest::decode(bytes);
     let _ = ListEntries::decode(bytes);
+    let _ = LocalRead::decode(bytes);
+    let _ = LocalReadAnswer::decode(bytes);
+    let _ = LocalRegionInfo::decode(bytes);
+    if let Ok(write) = LocalWrite::decode(bytes) {
+        assert!(write.bucket.len() <= 255 && write.key.len() <= 4096);
+    }
+    let _ = LocalWriteAnswer::decode(bytes);
     accepted.is_ok()
 }
 
@@ -76,6 +86,21 @@ fn seeds() -> Vec<Vec<u8>> {
         }
         .encode(),
         name.encode(),
+        LocalWrite {
+            region: 1,
+            offset: 4096,
+            length: 1 << 20,
+            condition: LocalCondition::Version(7),
+            bucket: "datasets".into(),
+            key: "train/0001.tar".into(),
+        }
+        .encode(),
+        LocalWriteAnswer {
+            seq: 9,
+            bytes: 1 << 20,
+            dirty: true,
+        }
+        .encode(),
     ]
 }
 

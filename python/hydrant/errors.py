@@ -72,6 +72,10 @@ class OriginRefused(StatusError, PermissionError):
     """The origin refused the request for good (permission, a name it cannot hold)."""
 
 
+class PreconditionFailed(StatusError):
+    """A conditional write found its key otherwise than it requires; nothing was written."""
+
+
 class ChecksumMismatch(StatusError):
     """Bytes arrived damaged; nothing was stored."""
 
@@ -140,6 +144,7 @@ _BY_NAME: Dict[str, Type[StatusError]] = {
     "Unauthenticated": Unauthenticated,
     "ReadOnly": ReadOnly,
     "OriginRefused": OriginRefused,
+    "PreconditionFailed": PreconditionFailed,
     "ChecksumMismatch": ChecksumMismatch,
     "Busy": Busy,
     "OriginUnavailable": OriginUnavailable,

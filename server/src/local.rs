@@ -29,11 +29,12 @@ use hydrant_engine::buf::ExternalBuf;
 use hydrant_engine::rt::sync::Semaphore;
 use hydrant_engine::rt::{block_on, current_reactor, spawn, EXTERNAL_FIXED_SLOTS};
 use hydrant_engine::store::ObjectKey;
-use hydrant_engine::{ByteRange, Cache, EngineHandle};
+use hydrant_engine::{Attributes, ByteRange, Cache, EngineHandle, Precondition};
 use hydrant_proto::local::{
-    local_message, LocalHeader, LocalItemResult, LocalOpcode, LocalRead, LocalReadAnswer,
-    LocalRegionInfo, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX,
-    LOCAL_REGION_BYTES_MAX, LOCAL_REGION_FLAG_HUGE_PAGES,
+    local_message, LocalCondition, LocalHeader, LocalItemResult, LocalOpcode, LocalRead,
+    LocalReadAnswer, LocalRegionInfo, LocalWrite, LocalWriteAnswer, LOCAL_HEADER_BYTES,
+    LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX, LOCAL_REGION_BYTES_MAX,
+    LOCAL_REGION_FLAG_HUGE_PAGES,
 };
 use hydrant_proto::Status;
 use memmap2::{MmapOptions, MmapRaw};
@@ -388,6 +389,17 @@ impl LocalConnection {
                     let message = local_message(opcode, status as u8, header.request_id, &answer);
                     (&*stream).write_all(&message)?;
                 }
+                LocalOpcode::Write => {
+                    let (status, answer) = match LocalWrite::decode(&body) {
+                        Ok(request) => match self.write(stream, request) {
+                            Ok(written) => (Status::Ok, written.encode()),
+                            Err((status, message)) => (status, message.into_bytes()),
+                        },
+                        Err(error) => (Status::for_error(&error), error.to_string().into_bytes()),
+                    };
+                    let message = local_message(opcode, status as u8, header.request_id, &answer);
+                    (&*stream).write_all(&message)?;
+                }
                 LocalOpcode::Free => {
                     let (status, answer) = self.free(&body);
                     let message =
@@ -494,6 +506,80 @@ impl LocalConnection {
         }
     }
 
+    /// The whole of `region`, as memory the engine may read or write.
+    fn external(region: &Arc<Region>) -> ExternalBuf {
+        // SAFETY: the region's mapping is `region.bytes` long and lives as long as the Arc (the
+        // owner); the server holds no reference into it.
+        let whole = unsafe {
+            ExternalBuf::new(
+                region.clone() as Arc<dyn std::any::Any + Send + Sync>,
+                region.address(),
+                region.bytes as usize,
+            )
+        };
+        match region.slot {
+            // SAFETY: the region is registered at `slot` on every ring until `release`, which
+            // runs only after this connection's request in flight has ended.
+            Some(slot) => unsafe { whole.with_fixed_slot(slot) },
+            None => whole,
+        }
+    }
+
+    /// A WRITE: the owning shard takes the bytes from the region (see
+    /// `EngineHandle::put_shared`); answered once the put is durable as its bucket's write mode
+    /// requires.
+    fn write(
+        &self,
+        stream: &UnixStream,
+        request: LocalWrite,
+    ) -> Result<LocalWriteAnswer, (Status, String)> {
+        let region = self.regions.get(&request.region).ok_or_else(|| {
+            (
+                Status::NotFound,
+                format!("no region {} on this connection", request.region),
+            )
+        })?;
+        let fits = request
+            .offset
+            .checked_add(request.length)
+            .is_some_and(|end| end <= region.bytes);
+        if !fits {
+            return Err((
+                Status::InvalidRange,
+                format!(
+                    "offset {} + length {} is outside the region of {} bytes",
+                    request.offset, request.length, region.bytes
+                ),
+            ));
+        }
+        let key = ObjectKey::new(&request.bucket, &request.key).map_err(engine_failure)?;
+        let source = Self::external(region)
+            .slice(request.offset as usize, request.length as usize)
+            .expect("checked to fit above");
+        let precondition = match request.condition {
+            LocalCondition::None => Precondition::Any,
+            LocalCondition::Absent => Precondition::Absent,
+            LocalCondition::Version(seq) => Precondition::Version(seq),
+        };
+        // The region stays mapped until the put ends: this thread owns it and waits here,
+        // watching the socket meanwhile (a client that goes away abandons its put).
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let put = self.engine.put_shared(
+            key,
+            source,
+            abandoned.clone(),
+            request.length,
+            precondition,
+            &Attributes::default(),
+        );
+        let meta = block_on_watching(put, stream, &abandoned).map_err(engine_failure)?;
+        Ok(LocalWriteAnswer {
+            seq: meta.seq,
+            bytes: meta.bytes,
+            dirty: meta.dirty,
+        })
+    }
+
     /// Every item of a READ, concurrently on the shards that own them; per-item results.
     fn read(&self, request: LocalRead) -> LocalReadAnswer {
         let mut results: Vec<Option<LocalItemResult>> = vec![None; request.items.len()];
@@ -564,21 +650,7 @@ impl LocalConnection {
                 start: item.range_start,
                 end: (item.range_end != LOCAL_RANGE_TO_END).then_some(item.range_end),
             };
-            // SAFETY: the region's mapping is `region.bytes` long and lives as long as the Arc
-            // (the owner); the server holds no reference into it.
-            let mut whole = unsafe {
-                ExternalBuf::new(
-                    region.clone() as Arc<dyn std::any::Any + Send + Sync>,
-                    region.address(),
-                    region.bytes as usize,
-                )
-            };
-            if let Some(slot) = region.slot {
-                // SAFETY: the region is registered at `slot` on every ring until `release`,
-                // which runs only after this request's reads have completed.
-                whole = unsafe { whole.with_fixed_slot(slot) };
-            }
-            let destination = whole
+            let destination = Self::external(region)
                 .slice(item.offset as usize, item.length as usize)
                 .expect("checked to fit above");
             per_shard
@@ -623,6 +695,48 @@ impl LocalConnection {
                 .into_iter()
                 .map(|result| result.expect("every item has a result"))
                 .collect(),
+        }
+    }
+}
+
+/// How often a connection waiting for a WRITE looks whether its client is still there.
+const PEER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// `block_on` for a WRITE: drive `future` to completion on this thread and, every
+/// `PEER_CHECK_INTERVAL` meanwhile, set `abandoned` once the client has closed its end of
+/// `stream` (it sends nothing while it waits for the answer, so a read that finds the end of
+/// the stream means it is gone).
+fn block_on_watching<F: Future>(
+    future: F,
+    stream: &UnixStream,
+    abandoned: &AtomicBool,
+) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        // What this thread held back (rt::batched) must not wait for it to wake.
+        hydrant_engine::rt::batched::wake_batched();
+        std::thread::park_timeout(PEER_CHECK_INTERVAL);
+        if !abandoned.load(Ordering::Acquire) {
+            let mut byte = [0u8; 1];
+            let peeked = socket::recv(
+                stream.as_raw_fd(),
+                &mut byte,
+                socket::MsgFlags::MSG_PEEK | socket::MsgFlags::MSG_DONTWAIT,
+            );
+            if matches!(peeked, Ok(0)) {
+                abandoned.store(true, Ordering::Release);
+            }
         }
     }
 }

@@ -107,7 +107,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 40] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 42] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -299,6 +299,18 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 40] = [
         MetricType::Gauge,
         "Size of the newest index checkpoint written.",
         |stats| stats.counters.checkpoint_bytes,
+    ),
+    (
+        "hydrant_shared_write_bytes",
+        MetricType::Counter,
+        "Object bytes written from same-host clients' shared memory.",
+        |stats| stats.counters.shared_bytes_written,
+    ),
+    (
+        "hydrant_shared_write_copied_bytes",
+        MetricType::Counter,
+        "Of those, bytes the CPU copied before writing them (each once).",
+        |stats| stats.counters.shared_bytes_copied,
     ),
     (
         "hydrant_recovery_regions_scanned",

@@ -102,18 +102,20 @@ impl ExternalBuf {
 
     /// The CRC32C of `length` bytes from `offset`, read where they lie. Panics past the end.
     pub fn crc32c(&self, offset: usize, length: usize) -> u32 {
+        self.with_bytes(offset, length, hydrant_crc::crc32c)
+    }
+
+    /// `f` of the `length` bytes from `offset`, read where they lie (to checksum them, or copy
+    /// them). Panics past the end. Another process may change the bytes meanwhile: `f` gets
+    /// plain bytes, never a promise that they stay put (a checksum of them may then fail later).
+    pub fn with_bytes<R>(&self, offset: usize, length: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         let end = offset.checked_add(length).expect("no overflow");
-        assert!(
-            end <= self.length,
-            "checksum of {end} bytes of {}",
-            self.length
-        );
-        // SAFETY: within the memory the constructor's caller vouched for. The slice lives only
-        // for this call, while no read of ours writes there (the caller awaited it); another
-        // process may change the bytes, which can only make the checksum fail.
+        assert!(end <= self.length, "{end} bytes of {}", self.length);
+        // SAFETY: within the memory the constructor's caller vouched for; the slice lives only
+        // for this call, while no read of ours writes there.
         let bytes =
             unsafe { std::slice::from_raw_parts((self.address + offset) as *const u8, length) };
-        hydrant_crc::crc32c(bytes)
+        f(bytes)
     }
 
     pub(crate) fn as_mut_ptr(&self) -> *mut u8 {

@@ -40,7 +40,7 @@ mod through;
 mod write;
 
 pub use plan::{PlanStats, PLANS_PER_SHARD_MAX, PLAN_READS_IN_FLIGHT};
-pub use write::Precondition;
+pub use write::{Precondition, PutSource};
 
 use through::*;
 

@@ -16,6 +16,15 @@ pub enum Precondition {
     Version(u64),
 }
 
+/// Where a streamed put's bytes come from.
+pub enum PutSource<'a> {
+    /// Chunks in memory as they arrive (see `EngineHandle::put_stream`).
+    Streamed(&'a crate::rt::channel::Receiver<crate::store::StreamedChunk>),
+    /// The whole object in memory shared with a client on this host, from its start, and the
+    /// flag its connection sets when the client goes away (see `PutStream::write_shared`).
+    Shared(crate::buf::ExternalBuf, Arc<std::sync::atomic::AtomicBool>),
+}
+
 impl Cache {
     /// PreconditionFailed unless `key` is as `precondition` requires; the caller holds the
     /// key's lock.
@@ -175,8 +184,9 @@ impl Cache {
         }
     }
 
-    /// Store as `key` an object of `object_bytes` whose bytes arrive on `chunks`, one chunk at a
-    /// time (each exactly a chunk, the last the rest), so that it is never whole in memory. By
+    /// Store as `key` an object of `object_bytes` whose bytes come from `source`: one chunk at a
+    /// time (each exactly a chunk, the last the rest), so that it is never whole in memory, or
+    /// from a same-host client's shared memory. By
     /// the bucket's write mode as `put`; write-through is written to NVMe first and answered
     /// once the uploader has it at the origin. A stream that ends early leaves nothing visible.
     /// With a `precondition` and `attributes`, as `put`: checked before the first chunk is
@@ -185,7 +195,7 @@ impl Cache {
         &self,
         key: ObjectKey,
         object_bytes: u64,
-        chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
+        source: PutSource<'_>,
         precondition: Precondition,
         attributes: Vec<u8>,
     ) -> Result<ObjectMeta> {
@@ -194,13 +204,13 @@ impl Cache {
             let pinned = key.is_staged();
             if precondition == Precondition::Any {
                 return self
-                    .write_stream(key, object_bytes, pinned, chunks, attributes)
+                    .write_stream(key, object_bytes, pinned, source, attributes)
                     .await;
             }
             let _guard = self.locks.lock(&key).await;
             self.check_precondition(&key, precondition).await?;
             return self
-                .write_stream(key, object_bytes, pinned, chunks, attributes)
+                .write_stream(key, object_bytes, pinned, source, attributes)
                 .await;
         };
         let _change = origin.reads.change(&key);
@@ -214,7 +224,7 @@ impl Cache {
             let _guard = self.locks.lock(&key).await;
             match self.check_precondition(&key, precondition).await {
                 Ok(()) => {
-                    self.write_stream(key.clone(), object_bytes, true, chunks, attributes)
+                    self.write_stream(key.clone(), object_bytes, true, source, attributes)
                         .await
                 }
                 Err(error) => Err(error),
@@ -241,16 +251,23 @@ impl Cache {
         Ok(meta)
     }
 
-    /// Write a streamed object to NVMe, chunk by chunk as they come.
+    /// Write a streamed object to NVMe, chunk by chunk as they come (or all from shared memory).
     async fn write_stream(
         &self,
         key: ObjectKey,
         object_bytes: u64,
         dirty: bool,
-        chunks: &crate::rt::channel::Receiver<crate::store::StreamedChunk>,
+        source: PutSource<'_>,
         attributes: Vec<u8>,
     ) -> Result<ObjectMeta> {
         let mut put = self.store.begin_put(key, object_bytes, dirty, attributes)?;
+        let chunks = match source {
+            PutSource::Streamed(chunks) => chunks,
+            PutSource::Shared(bytes, abandoned) => {
+                put.write_shared(&bytes, &abandoned).await?;
+                return put.finish().await;
+            }
+        };
         for chunk in 0..put.chunk_count() {
             let Some(chunk_data) = chunks.recv().await else {
                 return Err(Error::new(

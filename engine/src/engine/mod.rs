@@ -5,7 +5,8 @@ use std::future::Future;
 use std::rc::Rc;
 
 use crate::attributes::Attributes;
-use crate::cache::{Cache, CacheRead, Precondition};
+use crate::buf::ExternalBuf;
+use crate::cache::{Cache, CacheRead, Precondition, PutSource};
 use crate::device::{Device, DeviceConfig};
 use crate::format::{
     Superblock, SuperblockProblem, BLOCK_BYTES, CHUNK_BYTES_MAX, CRC_BLOCK_BYTES_MIN,
@@ -242,10 +243,59 @@ impl EngineHandle {
         let done = self.on_shard(shard, move |cache| async move {
             let received = StreamedChunks(received);
             cache
-                .put_stream(key, object_bytes, &received.0, precondition, attributes)
+                .put_stream(
+                    key,
+                    object_bytes,
+                    PutSource::Streamed(&received.0),
+                    precondition,
+                    attributes,
+                )
                 .await
         });
         Ok((PutSink { chunks }, done))
+    }
+
+    /// A put of the first `object_bytes` bytes of `source`, memory shared with a client on this
+    /// host, by the bucket's write mode as `put_stream`: the owning shard copies each chunk once
+    /// from that memory into its own and writes it from there (see `PutStream::write_shared`),
+    /// with no socket between the client and the shard. A client that changes the bytes before
+    /// the put ends gets whichever bytes were there when each chunk was copied; nothing else is
+    /// affected. Setting `abandoned` (the client went away) stops the put before its next chunk:
+    /// it then fails and leaves nothing visible, unless every chunk was already written.
+    pub fn put_shared(
+        &self,
+        key: ObjectKey,
+        source: ExternalBuf,
+        abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        object_bytes: u64,
+        precondition: Precondition,
+        attributes: &Attributes,
+    ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
+        let call = self.check_object_bytes(object_bytes).and_then(|()| {
+            if object_bytes > source.len() as u64 {
+                return Err(Error::new(
+                    ErrorKind::InvalidRange,
+                    format!(
+                        "a put of {object_bytes} bytes from {} bytes of shared memory",
+                        source.len()
+                    ),
+                ));
+            }
+            let attributes = attributes.encode()?;
+            let shard = self.shard_of(&key);
+            Ok(self.on_shard(shard, move |cache| async move {
+                cache
+                    .put_stream(
+                        key,
+                        object_bytes,
+                        PutSource::Shared(source, abandoned),
+                        precondition,
+                        attributes,
+                    )
+                    .await
+            }))
+        });
+        async move { call?.await }
     }
 
     pub fn shard_count(&self) -> usize {

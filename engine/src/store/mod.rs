@@ -201,6 +201,10 @@ pub struct Counters {
     pub checkpoint_bytes: u64,
     /// How long the newest checkpoint held the shard's thread while it encoded the index.
     pub checkpoint_pause_us: u64,
+    /// Bytes of puts written from a same-host client's shared memory.
+    pub shared_bytes_written: u64,
+    /// Of those, bytes copied into the arena first (all of them: see `PutStream::write_shared`).
+    pub shared_bytes_copied: u64,
 }
 
 /// A shard's state, for stats.

@@ -8,6 +8,11 @@
 use std::rc::Rc;
 
 use super::*;
+use crate::buf::ExternalBuf;
+
+/// Chunks of one same-host put (`PutStream::write_shared`) written at once; the shard's bound on
+/// streamed writes (`STREAMED_WRITES_MAX`) applies to them too.
+const SHARED_WRITES_PER_PUT: usize = 4;
 
 /// A streamed put's chunk in memory, counted in the node's bound (`streamed_bytes_max`) until
 /// dropped.
@@ -161,6 +166,127 @@ impl PutStream {
         let placed = store.write_placed_entry(header, buf, place).await?;
         self.placed.push(placed);
         self.described |= described;
+        Ok(())
+    }
+
+    /// Write every chunk still to come from `source`, memory shared with a client on this host
+    /// that holds the object's bytes from its start, up to `SHARED_WRITES_PER_PUT` chunks at
+    /// once. Each chunk is copied once into the arena and checksummed there, so that what
+    /// reaches the device is exactly what its checksums say even if the client changes its
+    /// memory meanwhile (such a client gets whichever bytes were there when its chunk was
+    /// copied). Writing straight from the client's memory would let a client that changes it
+    /// during the device's read put an entry whose data fails its checksum in the log, and
+    /// recovery takes such an entry in the newest region as the log's torn end, dropping what
+    /// follows it: other keys' acknowledged writes. Returns once every chunk is written (not
+    /// yet durable); on an error, only after every write in flight has ended. Once `abandoned`
+    /// is set (the client went away), no further chunk is placed and the put ends in an error:
+    /// unless every chunk was already placed, nothing of it can become visible.
+    pub async fn write_shared(
+        &mut self,
+        source: &ExternalBuf,
+        abandoned: &std::sync::atomic::AtomicBool,
+    ) -> Result<()> {
+        let store = self.store.clone();
+        let chunk_bytes = store.geometry.chunk_bytes as usize;
+        // Tasks of their own, so that they run while this one waits for the next place (which
+        // may wait for them).
+        let mut writes = std::collections::VecDeque::new();
+        let mut failure = None;
+        for chunk in self.placed.len()..self.chunk_count {
+            if failure.is_some() {
+                break;
+            }
+            if abandoned.load(std::sync::atomic::Ordering::Acquire) {
+                failure = Some(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "the writer went away after {chunk} of {} chunks; nothing was stored",
+                        self.chunk_count
+                    ),
+                ));
+                break;
+            }
+            if writes.len() >= SHARED_WRITES_PER_PUT {
+                match writes.pop_front().expect("a write in flight").await {
+                    Ok(placed) => self.placed.push(placed),
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                }
+            }
+            let start = chunk * chunk_bytes;
+            let length = self.chunk_len(chunk);
+            let stamp = if chunk + 1 == self.chunk_count {
+                self.stamp
+            } else {
+                Stamp {
+                    md5: None,
+                    ..self.stamp
+                }
+            };
+            // The copy first: the checksums are of the bytes that will be written.
+            let entry_bytes = (BLOCK_BYTES + crate::buf::align_up(length)) as u64;
+            let mut buf = store.arena.allocate(entry_bytes as usize);
+            buf.set_len(entry_bytes as usize);
+            let data = &mut buf.as_mut_slice()[BLOCK_BYTES..];
+            source.with_bytes(start, length, |piece| data[..length].copy_from_slice(piece));
+            data[length..].fill(0);
+            let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
+            let mut header =
+                store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
+            debug_assert_eq!(header.entry_bytes(), entry_bytes);
+            if chunk == 0 {
+                header.attributes = std::mem::take(&mut self.attributes);
+            }
+            self.described |= !header.attributes.is_empty();
+            let place = match self.seq {
+                None => match store.allocate_operation(entry_bytes, &self.key).await {
+                    Ok((place, seq)) => {
+                        self.seq = Some(seq);
+                        place
+                    }
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                },
+                Some(_) => match store.allocate(entry_bytes).await {
+                    Ok(place) => place,
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                },
+            };
+            // Pinned at once, as `write_chunk` does.
+            store.pin(place.region);
+            self.pinned.push(place.region);
+            header.seq = self.seq.expect("taken with the first place");
+            let store = store.clone();
+            writes.push_back(crate::rt::spawn(async move {
+                let _writing = store.streamed_writes.acquire().await;
+                store.write_placed_entry(header, buf, place).await
+            }));
+        }
+        // Every write placed is awaited, failed or not: its place stays in flight until then.
+        while let Some(write) = writes.pop_front() {
+            let written = write.await;
+            match written {
+                Ok(placed) if failure.is_none() => self.placed.push(placed),
+                Ok(_) => {}
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        store.count(|counters| {
+            counters.shared_bytes_written += self.object_bytes;
+            counters.shared_bytes_copied += self.object_bytes;
+        });
         Ok(())
     }
 

@@ -440,18 +440,21 @@ impl Store {
         })
     }
 
+    /// A write placed by `allocate` has ended: release the region's in-flight count.
+    fn release_placed(&self, place: &space::Place) {
+        let removed = self.regions.borrow_mut()[place.region]
+            .writes_in_flight
+            .remove(&place.offset);
+        assert!(removed, "a write completed that was never placed");
+        self.region_idle.wake_all();
+    }
+
     /// Write `buf` where `allocate` placed it, then release the region's in-flight count.
     pub(super) async fn write_placed(&self, place: &space::Place, buf: IoBuf) -> Result<()> {
         let file = self.file_of(place.region);
         let offset = self.places[place.region].offset + place.offset;
         let (result, _buf) = write_at(file, buf, offset).await;
-        {
-            let removed = self.regions.borrow_mut()[place.region]
-                .writes_in_flight
-                .remove(&place.offset);
-            assert!(removed, "a write completed that was never placed");
-            self.region_idle.wake_all();
-        }
+        self.release_placed(place);
         result.map_err(|error| {
             self.fail(
                 format!("write to region {} at {}", place.region, place.offset),

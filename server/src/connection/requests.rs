@@ -122,6 +122,7 @@ pub(crate) fn engine_failure(error: hydrant_engine::Error) -> (Status, String) {
         ErrorKind::OriginUnavailable => Status::OriginUnavailable,
         ErrorKind::OriginRefused => Status::OriginRefused,
         ErrorKind::ReadOnly => Status::ReadOnly,
+        ErrorKind::PreconditionFailed => Status::PreconditionFailed,
         ErrorKind::Busy => Status::Busy,
         ErrorKind::Timeout => Status::Timeout,
         _ => Status::Internal,
