@@ -185,6 +185,21 @@ pub(crate) fn server_over_origin(
     bucket: &str,
     dirty_bytes_max: Option<u64>,
 ) -> Result<Server, String> {
+    Server::start(server_config_over_origin(
+        file,
+        data_bytes,
+        bucket,
+        dirty_bytes_max,
+    )?)
+}
+
+/// The configuration `server_over_origin` starts, for a bench that adds to it.
+pub(crate) fn server_config_over_origin(
+    file: &std::path::Path,
+    data_bytes: u64,
+    bucket: &str,
+    dirty_bytes_max: Option<u64>,
+) -> Result<ServerConfig, String> {
     if let Some(directory) = file.parent() {
         std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
     }
@@ -210,7 +225,7 @@ pub(crate) fn server_over_origin(
     config.s3 = Some(hydrant_server::s3::S3Config::new(
         "127.0.0.1:0".parse().expect("address"),
     ));
-    Server::start(config)
+    Ok(config)
 }
 
 /// Start hydrant-fault-proxy in front of the S3 server at `s3`, delaying every request by

@@ -10,8 +10,11 @@
 use std::path::PathBuf;
 
 use bytes::Bytes;
+use hydrant_server::Server;
 
-use crate::origin_bench::{create_bucket, fill_origin, server_over_origin, start_slow_origin};
+use crate::origin_bench::{
+    create_bucket, fill_origin, server_config_over_origin, start_slow_origin,
+};
 
 #[derive(clap::Args)]
 pub struct TorchArgs {
@@ -95,16 +98,23 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
         )?;
     }
     let (proxy, origin_endpoint) = start_slow_origin(&args.s3, &args.delay_ms)?;
-    let data_bytes =
-        (args.shards * (shard_bytes + 8192)) as u64 * 4 + (args.dcp_mib << 21) + (1 << 30);
-    // Room for both checkpoints (DCP's and torch.save's) in the dirty budget: each save is
-    // acknowledged at NVMe speed and drains to the origin after (what write-back is for).
-    let server = server_over_origin(
+    // Four checkpoints: DCP's and torch.save's, over TCP and through the same-host socket.
+    let checkpoint_bytes = args.dcp_mib << 22;
+    let data_bytes = (args.shards * (shard_bytes + 8192)) as u64 * 4 + checkpoint_bytes + (1 << 30);
+    // Room for every checkpoint in the dirty budget: each save is acknowledged at NVMe speed
+    // and drains to the origin after (what write-back is for).
+    let mut config = server_config_over_origin(
         &args.dir.join("torch-bench.hyd"),
         data_bytes,
         &bucket,
-        Some((args.dcp_mib << 21) + (512 << 20)),
+        Some(checkpoint_bytes + (512 << 20)),
     )?;
+    let socket = args
+        .dir
+        .join(format!("torch-bench-{}.sock", std::process::id()));
+    config.local_socket = Some(socket.clone());
+    let server = Server::start(config)?;
+    let socket = socket.display().to_string();
     let address = server.address().to_string();
     println!(
         "{} shards of {} KiB, {} DataLoader workers, {} ms of compute per sample, origin at {} ms per request",
@@ -158,6 +168,7 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
                     endpoint.to_string(),
                     checkpoint.to_string(),
                     args.dcp_mib.to_string(),
+                    socket.clone(),
                 ],
                 &format!("the {mode} DCP save"),
                 "pip install torch boto3 ./python",
@@ -165,16 +176,18 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
             .field("seconds")
         };
         let through = save("hydrant", &address, "hydrant://data/ckpt/step-1")?;
+        let local = save("hydrant-local", &address, "hydrant://data/ckpt/step-2")?;
         let direct = save(
             "boto3",
             &origin_endpoint,
             &format!("s3://{bucket}/ckpt-direct/step-1"),
         )?;
         println!(
-            "DCP save of {} MiB until it returns: hydrant {through:.2} s, boto3 straight to the origin {direct:.2} s",
+            "DCP save of {} MiB until it returns: hydrant {through:.2} s (same-host socket {local:.2} s), boto3 straight to the origin {direct:.2} s",
             args.dcp_mib
         );
         println!("dcp save direct/hydrant = {:.2}", direct / through);
+        println!("dcp save direct/hydrant same-host = {:.2}", direct / local);
         // The same state through hydrant.torch.save, against torch.save into a local file on
         // the same disk with fsync: what a job does without hydrant.
         let torch_save = |mode: &str, endpoint: &str, target: &str| -> Result<f64, String> {
@@ -186,6 +199,7 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
                     endpoint.to_string(),
                     target.to_string(),
                     args.dcp_mib.to_string(),
+                    socket.clone(),
                 ],
                 &format!("the {mode} torch.save"),
                 "pip install torch ./python",
@@ -194,13 +208,18 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
         };
         let local_file = args.dir.join("torch-save-bench.pt");
         let through = torch_save("hydrant", &address, "data/ckpt/torch-save.pt")?;
+        let same_host = torch_save("hydrant-local", &address, "data/ckpt/torch-save-2.pt")?;
         let local = torch_save("file", "-", &local_file.display().to_string())?;
         let _ = std::fs::remove_file(&local_file);
         println!(
-            "torch.save of {} MiB until it returns: hydrant {through:.2} s, a local file with fsync {local:.2} s",
+            "torch.save of {} MiB until it returns: hydrant {through:.2} s (same-host socket {same_host:.2} s), a local file with fsync {local:.2} s",
             args.dcp_mib
         );
         println!("torch save local/hydrant = {:.2}", local / through);
+        println!(
+            "torch save local/hydrant same-host = {:.2}",
+            local / same_host
+        );
     }
     let stats = proxy.stats();
     println!(

@@ -19,6 +19,8 @@ import io
 import os
 import shutil
 import tempfile
+import threading
+import time
 import zlib
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -99,6 +101,20 @@ PUT_SPOOL_BLOCK_BYTES = 1 << 20
 PLAN_WINDOW_BYTES = 256 << 20
 #: A plan none of whose keys is read for this long (seconds) ends, by default.
 PLAN_IDLE_SECONDS = 30.0
+
+#: Objects of at most this many bytes go through a client's same-host socket, where it has one
+#: (``local_socket``); larger ones go over TCP. Each thread that writes through it keeps a
+#: region shared with the server, grown to the largest object it wrote, so this is also the
+#: bound on that region (the ``local_write_bytes_max`` argument).
+LOCAL_WRITE_BYTES_MAX = 1 << 30
+#: Objects smaller than this go over TCP even with a same-host socket: one TCP request is as
+#: cheap as a same-host one for them.
+LOCAL_WRITE_BYTES_MIN = 256 << 10
+#: The smallest region a same-host writer allocates, and the step in which it grows.
+LOCAL_WRITE_REGION_MIN = 64 << 20
+#: Bytes of regions a client keeps for its same-host writes between them, by default (the
+#: ``local_write_idle_bytes_max`` argument): beyond, a region is given back after its write.
+LOCAL_WRITE_IDLE_BYTES_MAX = 4 << 30
 
 Range = Tuple[int, Optional[int]]
 
@@ -275,6 +291,155 @@ class _ReadInto(io.RawIOBase):
         return len(data)
 
 
+def _is_loopback(server: str) -> bool:
+    host = server.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _parts_of(data: Any) -> Tuple[List[Any], List[Any], int]:
+    """(parts for the native calls, what keeps their memory exported, bytes in all) of ``data``:
+    bytes as they are, other buffers by (address, length)."""
+    items = list(data) if isinstance(data, (list, tuple)) else [data]
+    held = [item if isinstance(item, bytes) else _Memory(item, writable=False) for item in items]
+    parts = [
+        part if isinstance(part, bytes) else part.copy if part.copy is not None
+        else (part.address, part.size)
+        for part in held
+    ]
+    size = sum(len(part) if isinstance(part, bytes) else part[1] for part in parts)
+    return parts, held, size
+
+
+class _LocalWrites:
+    """A client's writes through its server's same-host socket: each write takes a writer (a
+    connection and a region, grown to the object's size up to ``bytes_max``) from the idle ones
+    or makes one, and gives it back after; up to ``idle_bytes_max`` of regions stay between
+    writes, so that a process that saves again finds its memory ready (a new region's pages
+    cost more to fault in than to fill)."""
+
+    def __init__(self, socket_path: str, required: bool, bytes_max: int, idle_bytes_max: int,
+                 retries: int, backoff: Tuple[float, float], deadline: float):
+        self.socket_path = socket_path
+        self._required = required
+        self._bytes_max = bytes_max
+        self._idle_bytes_max = idle_bytes_max
+        self._retries = retries
+        self._backoff = backoff
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle: List[Tuple[NativeLocal, NativeRegion]] = []
+        self._unreachable = False
+
+    def settings(self) -> tuple:
+        return (self.socket_path, self._required, self._bytes_max, self._idle_bytes_max,
+                self._retries, self._backoff, self._deadline)
+
+    def _take(self, size: int) -> Optional[Tuple[NativeLocal, NativeRegion]]:
+        """A writer with a region of at least ``size`` bytes; None where the socket (from the
+        environment) cannot be reached."""
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child: its parent's connections and regions are not its own.
+                self._pid, self._idle, self._unreachable = os.getpid(), [], False
+            if self._unreachable:
+                return None
+            fitting = [writer for writer in self._idle if writer[1].length >= size]
+            if fitting:
+                writer = min(fitting, key=lambda writer: writer[1].length)
+            elif self._idle:
+                writer = max(self._idle, key=lambda writer: writer[1].length)
+            else:
+                writer = None
+            if writer is not None:
+                self._idle.remove(writer)
+        if writer is None:
+            try:
+                writer = (NativeLocal(self.socket_path), None)
+            except HydrantError:
+                if self._required:
+                    raise
+                self._unreachable = True
+                return None
+        local, region = writer
+        if region is None or region.length < size:
+            if region is not None:
+                local.free(region)
+            # In steps of LOCAL_WRITE_REGION_MIN: a region is as large as the writes need.
+            steps = max(1, -(-size // LOCAL_WRITE_REGION_MIN))
+            region = local.allocate(min(steps * LOCAL_WRITE_REGION_MIN, max(size, self._bytes_max)))
+        return local, region
+
+    def _give_back(self, writer: Tuple[NativeLocal, NativeRegion]) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                self._idle.append(writer)
+                self._idle.sort(key=lambda writer: writer[1].length)
+                while sum(region.length for _, region in self._idle) > self._idle_bytes_max:
+                    # The largest go first; their connections close with them.
+                    self._idle.pop()
+
+    def _fits(self, size: int) -> bool:
+        return LOCAL_WRITE_BYTES_MIN <= size <= self._bytes_max
+
+    def _write(self, store) -> ObjectInfo:
+        """``store()``, retried as the TCP client retries a retriable status."""
+        started = time.monotonic()
+        wait = self._backoff[0]
+        for attempt in range(self._retries + 1):
+            try:
+                return ObjectInfo(*store())
+            except errors.Retriable:
+                if attempt == self._retries or time.monotonic() + wait - started > self._deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(wait * 2, self._backoff[1])
+        raise AssertionError("unreachable")
+
+    def put(self, bucket: str, key: str, data: Any) -> Optional[ObjectInfo]:
+        """Store ``data`` (bytes, a buffer, or a list or tuple of them) through the region, or
+        None when it is not for this path (its size, or no socket)."""
+        parts, held, size = _parts_of(data)
+        try:
+            if not self._fits(size):
+                return None
+            writer = self._take(size)
+            if writer is None:
+                return None
+            local, region = writer
+            try:
+                return self._write(lambda: local.write_parts(region, bucket, key, parts))
+            finally:
+                self._give_back(writer)
+        finally:
+            held.clear()  # the exports end here, even when the write failed
+
+    def put_file(self, bucket: str, key: str, reader: Any, size: int) -> Optional[ObjectInfo]:
+        """Store ``size`` bytes read from ``reader`` (with ``readinto``) through the region, or
+        None as ``put``."""
+        if not self._fits(size):
+            return None
+        writer = self._take(size)
+        if writer is None:
+            return None
+        local, region = writer
+        try:
+            view = memoryview((ctypes.c_char * region.length).from_address(region.address))
+            view = view.cast("B")
+            try:
+                filled = 0
+                while filled < size:
+                    read = reader.readinto(view[filled:size])
+                    if not read:
+                        raise UsageError(f"the file ended after {filled} of its {size} bytes")
+                    filled += read
+            finally:
+                view.release()
+            return self._write(lambda: local.write(region, 0, size, bucket, key))
+        finally:
+            self._give_back(writer)
+
+
 class Client:
     """A client of one or several hydrant nodes (keys are placed on them by rendezvous
     hashing, as every hydrant client places them).
@@ -285,6 +450,15 @@ class Client:
     ``request_timeout`` (seconds). ``retries``: retries of a request that got a retriable
     status or lost its connection, waiting ``backoff`` = (first, longest) seconds between
     them, none starting later than ``retry_deadline`` seconds after the call began.
+
+    ``local_socket``: the same-host socket of the server (``hydrant-server --local-socket
+    PATH``; default: ``HYDRANT_LOCAL_SOCKET`` where the one server is on a loopback address).
+    With it, ``put`` of bytes, buffers, lists of them and files from ``LOCAL_WRITE_BYTES_MIN``
+    to ``local_write_bytes_max`` bytes copies them once into a region shared with the server,
+    which stores them from there: no bytes cross a socket. Regions of up to
+    ``local_write_idle_bytes_max`` bytes in all are kept between writes for the next ones. It
+    needs exactly one server, the one that socket belongs to. A socket given here that cannot be reached is an error; one from
+    the environment that cannot be reached is passed over (TCP is used).
     """
 
     def __init__(
@@ -300,12 +474,28 @@ class Client:
         retry_deadline: float = 60.0,
         max_connections_per_node: int = 8,
         shard_aware: bool = True,
+        local_socket: Union[str, "os.PathLike[str]", None] = None,
+        local_write_bytes_max: int = LOCAL_WRITE_BYTES_MAX,
+        local_write_idle_bytes_max: int = LOCAL_WRITE_IDLE_BYTES_MAX,
     ):
         if servers is None:
             servers = os.environ.get("HYDRANT_SERVER", DEFAULT_SERVER)
         if isinstance(servers, str):
             servers = [server.strip() for server in servers.split(",") if server.strip()]
         servers = list(servers)
+        local_required = local_socket is not None
+        if local_socket is None and len(servers) == 1 and _is_loopback(servers[0]):
+            local_socket = os.environ.get("HYDRANT_LOCAL_SOCKET") or None
+        if local_socket is not None and len(servers) != 1:
+            raise UsageError(
+                f"a same-host socket belongs to one server; this client has {len(servers)}"
+            )
+        if local_write_bytes_max < 0 or local_write_idle_bytes_max < 0:
+            raise UsageError("local_write_bytes_max and local_write_idle_bytes_max are at least 0")
+        self._local = None if local_socket is None else _LocalWrites(
+            os.fspath(local_socket), local_required, int(local_write_bytes_max),
+            int(local_write_idle_bytes_max), int(retries), (float(backoff[0]), float(backoff[1])),
+            float(retry_deadline))
         if token is None:
             token = os.environ.get("HYDRANT_TOKEN")
         if isinstance(token, str):
@@ -328,11 +518,18 @@ class Client:
 
     # A client in a DataLoader's dataset is pickled to reach spawned workers: it connects anew.
     def __getstate__(self) -> dict:
-        return dict(self._arguments)
+        return {"arguments": dict(self._arguments),
+                "local": None if self._local is None else self._local.settings()}
 
     def __setstate__(self, state: dict) -> None:
-        self._arguments = state
-        self._native = NativeClient(**state)
+        self._arguments = state["arguments"]
+        self._native = NativeClient(**self._arguments)
+        self._local = None if state["local"] is None else _LocalWrites(*state["local"])
+
+    @property
+    def local_socket(self) -> Optional[str]:
+        """The same-host socket that ``put`` writes through, if any."""
+        return None if self._local is None else self._local.socket_path
 
     def __repr__(self) -> str:
         return f"hydrant.Client({self._arguments['servers']!r})"
@@ -373,6 +570,11 @@ class Client:
         to a temporary file, since a PUT names its size first), or a path (``str`` or
         ``os.PathLike``) of a file to stream."""
         bucket, key = _split(path)
+        if self._local is not None and not isinstance(data, (str, os.PathLike)) \
+                and not hasattr(data, "read"):
+            stored = self._local.put(bucket, key, data)
+            if stored is not None:
+                return stored
         if isinstance(data, bytes):
             return ObjectInfo(*self._native.put(bucket, key, data))
         if isinstance(data, (list, tuple)):
@@ -425,6 +627,10 @@ class Client:
                 spool.seek(0)
                 return ObjectInfo(*self._native.put_reader(bucket, key, spool, size))
         reader = file if hasattr(file, "readinto") else _ReadInto(file)
+        if self._local is not None:
+            stored = self._local.put_file(bucket, key, reader, size)
+            if stored is not None:
+                return stored
         return ObjectInfo(*self._native.put_reader(bucket, key, reader, size))
 
     def stat(self, path: str) -> ObjectInfo:
@@ -647,6 +853,31 @@ class LocalClient:
             native_items.append((offset, length, bucket, key, start, end))
         results = self._native.read(region._native, native_items)
         return [result if isinstance(result, BaseException) else ReadInfo(*result) for result in results]
+
+    def write_from(
+        self,
+        region: Region,
+        path: str,
+        offset: int = 0,
+        length: Optional[int] = None,
+        *,
+        if_absent: bool = False,
+        if_version: Optional[int] = None,
+    ) -> ObjectInfo:
+        """Store ``length`` bytes of ``region`` from ``offset`` (default: the rest of the
+        region) as the object ``path``, by its bucket's write mode; the bytes do not cross the
+        socket. ``if_absent``: only if no object has the key (else
+        :class:`PreconditionFailed`, and nothing is written); ``if_version``: only if the
+        version stored is this one. Returns once the object is durable (on NVMe, or at the
+        origin for a write-through bucket). Leave those bytes unchanged until then: bytes
+        changed meanwhile may be stored as a mix of old and new, for this object only."""
+        bucket, key = _split(path)
+        if offset < 0 or offset > len(region):
+            raise UsageError(f"offset {offset} is outside the region's {len(region)} bytes")
+        if length is None:
+            length = len(region) - offset
+        return ObjectInfo(*self._native.write(region._native, int(offset), int(length), bucket, key,
+                                              bool(if_absent), if_version))
 
     def free(self, region: Region) -> None:
         """Give the server's side of ``region`` back now (else when the connection closes)."""

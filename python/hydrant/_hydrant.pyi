@@ -55,6 +55,14 @@ class NativeLocal:
     def read(
         self, region: NativeRegion, items: List[Tuple[int, int, str, str, Optional[int], Optional[int]]]
     ) -> List[Any]: ...
+    def write(
+        self, region: NativeRegion, offset: int, length: int, bucket: str, key: str,
+        if_absent: bool = False, if_version: Optional[int] = None,
+    ) -> Tuple[int, int, bool]: ...
+    def write_parts(
+        self, region: NativeRegion, bucket: str, key: str, parts: List[Any],
+        if_absent: bool = False, if_version: Optional[int] = None,
+    ) -> Tuple[int, int, bool]: ...
     def free(self, region: NativeRegion) -> None: ...
 
 class NativeRing:

@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hydrant_client::local::{LocalClient, LocalGet, ReadRing, Region};
+use hydrant_client::local::{LocalClient, LocalCondition, LocalGet, ReadRing, Region};
 use hydrant_client::{ClientConfig, ClientError, GetItem, ObjectInfo, SharedClient};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -248,35 +248,10 @@ impl NativeClient {
         key: &str,
         parts: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Info> {
-        let mut slices: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
-        for part in &parts {
-            let slice = match part.cast::<PyBytes>() {
-                Ok(bytes) => {
-                    let bytes = bytes.as_bytes();
-                    (bytes.as_ptr() as usize, bytes.len())
-                }
-                Err(_) => part.extract::<(usize, usize)>().map_err(|_| {
-                    pyo3::exceptions::PyTypeError::new_err(
-                        "a part is bytes or an (address, length) pair",
-                    )
-                })?,
-            };
-            if slice.0 == 0 && slice.1 > 0 {
-                return Err(pyo3::exceptions::PyValueError::new_err("a null buffer"));
-            }
-            slices.push(slice);
-        }
+        let slices = part_slices(&parts)?;
         let info = self.run(py, move |client| {
-            // SAFETY: each (address, length) is the contents of a `bytes` that `parts` keeps
-            // alive until this call returns (`bytes` never change), or memory its caller keeps
-            // alive and unchanged until then, as for `put_address`.
-            let slices: Vec<&[u8]> = slices
-                .iter()
-                .map(|&(address, length)| match length {
-                    0 => &[][..], // an empty buffer may have no address at all
-                    _ => unsafe { std::slice::from_raw_parts(address as *const u8, length) },
-                })
-                .collect();
+            // SAFETY: as `part_slices` requires: `parts` is held until this call returns.
+            let slices = unsafe { slices_of(&slices) };
             client.put_parts(bucket, key, &slices)
         })?;
         drop(parts);
@@ -456,6 +431,59 @@ impl std::io::Read for PyReader {
     }
 }
 
+/// (address, length) of each part of a write: a `bytes` (immutable, held by the caller's list
+/// for the call) or an `(address, length)` of memory the caller keeps alive and unchanged until
+/// the call returns.
+fn part_slices(parts: &[Bound<'_, PyAny>]) -> PyResult<Vec<(usize, usize)>> {
+    let mut slices: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
+    for part in parts {
+        let slice = match part.cast::<PyBytes>() {
+            Ok(bytes) => {
+                let bytes = bytes.as_bytes();
+                (bytes.as_ptr() as usize, bytes.len())
+            }
+            Err(_) => part.extract::<(usize, usize)>().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(
+                    "a part is bytes or an (address, length) pair",
+                )
+            })?,
+        };
+        if slice.0 == 0 && slice.1 > 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err("a null buffer"));
+        }
+        slices.push(slice);
+    }
+    Ok(slices)
+}
+
+/// The parts `part_slices` found, as slices.
+///
+/// # Safety
+/// The memory behind each part is alive and unchanged while the slices are used (the caller
+/// holds the parts' list, and the owners of addressed memory keep it so, as `put_address`).
+unsafe fn slices_of(parts: &[(usize, usize)]) -> Vec<&[u8]> {
+    parts
+        .iter()
+        .map(|&(address, length)| match length {
+            0 => &[][..], // an empty buffer may have no address at all
+            // SAFETY: as this function requires.
+            _ => unsafe { std::slice::from_raw_parts(address as *const u8, length) },
+        })
+        .collect()
+}
+
+/// A same-host write's condition from Python's arguments.
+fn condition_of(if_absent: bool, if_version: Option<u64>) -> PyResult<LocalCondition> {
+    match (if_absent, if_version) {
+        (false, None) => Ok(LocalCondition::None),
+        (true, None) => Ok(LocalCondition::Absent),
+        (false, Some(seq)) => Ok(LocalCondition::Version(seq)),
+        (true, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+            "a write is conditional on the key being absent or on its version, not both",
+        )),
+    }
+}
+
 /// A connection to a server's same-host socket (`hydrant_client::local::LocalClient`). Its
 /// regions belong to it; it is not for use across `fork()` (a child makes its own).
 #[pyclass(frozen, module = "hydrant._hydrant")]
@@ -555,6 +583,85 @@ impl NativeLocal {
             .collect()
     }
 
+    /// Store bytes `offset..offset + length` of `region` as `bucket/key` (a WRITE: the bytes
+    /// do not cross the socket); `if_absent` / `if_version` make it conditional. The caller
+    /// leaves those bytes unchanged until this returns.
+    #[pyo3(signature = (region, offset, length, bucket, key, if_absent=false, if_version=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn write(
+        &self,
+        py: Python<'_>,
+        region: &NativeRegion,
+        offset: u64,
+        length: u64,
+        bucket: &str,
+        key: &str,
+        if_absent: bool,
+        if_version: Option<u64>,
+    ) -> PyResult<Info> {
+        self.same_process()?;
+        let condition = condition_of(if_absent, if_version)?;
+        let answer = py
+            .detach(|| {
+                let mut client = self.locked_client()?;
+                let held = region.held()?;
+                client.write_from(
+                    held.as_ref().expect("held"),
+                    offset,
+                    length,
+                    bucket,
+                    key,
+                    condition,
+                )
+            })
+            .map_err(|error| python_error(py, error))?;
+        Ok((answer.bytes, answer.seq, answer.dirty))
+    }
+
+    /// Copy `parts` (as `NativeClient::put_parts` takes them) one after another into `region`
+    /// from its start, then store them as `bucket/key` as `write` does, with the GIL released
+    /// throughout. Parts larger than the region are refused before anything is copied.
+    #[pyo3(signature = (region, bucket, key, parts, if_absent=false, if_version=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn write_parts(
+        &self,
+        py: Python<'_>,
+        region: &NativeRegion,
+        bucket: &str,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        if_absent: bool,
+        if_version: Option<u64>,
+    ) -> PyResult<Info> {
+        self.same_process()?;
+        let condition = condition_of(if_absent, if_version)?;
+        let slices = part_slices(&parts)?;
+        let total: usize = slices.iter().map(|&(_, length)| length).sum();
+        if total > region.length {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{total} bytes do not fit the region's {}",
+                region.length
+            )));
+        }
+        let answer = py
+            .detach(|| {
+                let mut client = self.locked_client()?;
+                let mut held = region.held()?;
+                let target = held.as_mut().expect("held");
+                // SAFETY: as `part_slices` requires: `parts` is held until this call returns.
+                let mut at = 0;
+                let memory = target.as_mut_slice();
+                for part in unsafe { slices_of(&slices) } {
+                    memory[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                client.write_from(target, 0, total as u64, bucket, key, condition)
+            })
+            .map_err(|error| python_error(py, error))?;
+        drop(parts);
+        Ok((answer.bytes, answer.seq, answer.dirty))
+    }
+
     /// Give the server's side of `region` back now. The mapping stays until the region and
     /// every view of it are gone (views hold the `NativeRegion`); reads into it fail.
     fn free(&self, py: Python<'_>, region: &NativeRegion) -> PyResult<()> {
@@ -584,6 +691,17 @@ impl NativeLocal {
 
     fn same_process(&self) -> PyResult<()> {
         same_process(self.pid, "a same-host client")
+    }
+}
+
+impl NativeRegion {
+    /// The region, locked, unless its server side was given back.
+    fn held(&self) -> hydrant_client::Result<std::sync::MutexGuard<'_, Option<Region>>> {
+        let held = self.region.lock().map_err(lock_error)?;
+        if held.is_none() || self.freed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ClientError::Usage("the region was freed".into()));
+        }
+        Ok(held)
     }
 }
 

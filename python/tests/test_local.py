@@ -163,3 +163,149 @@ def test_a_ring_keeps_several_reads_in_flight_and_hands_each_back_in_order(local
             os._exit(1)
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def shared_written(server) -> float:
+    return server.metric("hydrant_shared_write_bytes_total")
+
+
+def test_write_from_stores_region_bytes_with_its_conditions(local_server):
+    client = local_server.client(retries=0)
+    local = hydrant.LocalClient(local_server.socket_path)
+    region = local.allocate(4 << 20)
+    data = payload(20, 3_000_000)
+    view = region.memoryview()
+    view[4096 + 7 : 4096 + 7 + len(data)] = data
+    before = shared_written(local_server)
+    info = local.write_from(region, "local/written", offset=4096 + 7, length=len(data),
+                            if_absent=True)
+    assert info.size == len(data) and info.dirty  # the default bucket writes back
+    assert client.get("local/written") == data
+    assert shared_written(local_server) - before == len(data)
+
+    # Conditions: absent no longer holds; a wrong version is refused, the right one written.
+    view[:5] = b"other"
+    with pytest.raises(hydrant.PreconditionFailed):
+        local.write_from(region, "local/written", 0, 5, if_absent=True)
+    with pytest.raises(hydrant.PreconditionFailed):
+        local.write_from(region, "local/written", 0, 5, if_version=info.version + 1000)
+    assert client.get("local/written") == data
+    again = local.write_from(region, "local/written", 0, 5, if_version=info.version)
+    assert again.version != info.version and client.get("local/written") == b"other"
+    with pytest.raises(ValueError):
+        local.write_from(region, "local/written", 0, 5, if_absent=True, if_version=again.version)
+
+    # Outside the region: refused, nothing written.
+    with pytest.raises(hydrant.HydrantError):
+        local.write_from(region, "local/outside", len(region) - 10, 20)
+    with pytest.raises(hydrant.UsageError):
+        local.write_from(region, "local/outside", len(region) + 1)
+    assert not client.exists("local/outside")
+    local.free(region)
+    with pytest.raises(hydrant.UsageError):
+        local.write_from(region, "local/outside", 0, 5)
+
+
+def local_client(server, **settings) -> hydrant.Client:
+    return hydrant.Client(server.address, retries=0, local_socket=server.socket_path, **settings)
+
+
+def test_a_client_with_a_local_socket_puts_through_it_from_several_threads(local_server):
+    import threading
+
+    client = local_client(local_server, local_write_bytes_max=16 << 20)
+    assert client.local_socket == str(local_server.socket_path)
+    objects = {f"local-put/{index}": payload(40 + index, (1 << 20) + index * 77_777)
+               for index in range(8)}
+    before = shared_written(local_server)
+    failures = []
+
+    def put(paths):
+        try:
+            for path in paths:
+                data = objects[path]
+                # bytes, a NumPy array, and a list of both: all through the region.
+                kind = int(path.rsplit("/", 1)[1]) % 3
+                if kind == 0:
+                    client.put(path, data)
+                elif kind == 1:
+                    client.put(path, numpy.frombuffer(data, dtype=numpy.uint8))
+                else:
+                    client.put(path, [data[:1000], numpy.frombuffer(data[1000:], dtype=numpy.uint8)])
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    paths = list(objects)
+    threads = [threading.Thread(target=put, args=(paths[index::4],)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert shared_written(local_server) - before == sum(len(data) for data in objects.values())
+    for path, data in objects.items():
+        assert client.get(path) == data, path
+
+    # A file goes through the region too; objects too small or too large for it go over TCP.
+    before = shared_written(local_server)
+    file_data = payload(60, 2 << 20)
+    with open(local_server.socket_path.parent / "file.bin", "wb") as file:
+        file.write(file_data)
+    client.put("local-put/file", local_server.socket_path.parent / "file.bin")
+    assert shared_written(local_server) - before == len(file_data)
+    small, large = payload(61, 1000), payload(62, (16 << 20) + 1)
+    client.put("local-put/small", small)
+    client.put("local-put/large", large)
+    assert shared_written(local_server) - before == len(file_data)
+    assert client.get("local-put/small") == small and client.get("local-put/large") == large
+
+    # Pickled (a DataLoader worker), it keeps writing through the socket.
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(client))
+    assert copy.local_socket == client.local_socket
+    copy.put("local-put/copied", file_data)
+    assert shared_written(local_server) - before == 2 * len(file_data)
+
+
+def test_a_local_socket_that_cannot_be_reached(local_server, monkeypatch, tmp_path):
+    missing = tmp_path / "missing.sock"
+    data = payload(70, 1 << 20)
+    # Named by the caller: an error, and nothing written.
+    client = hydrant.Client(local_server.address, retries=0, local_socket=missing)
+    with pytest.raises(hydrant.HydrantError):
+        client.put("local-missing/named", data)
+    assert not client.exists("local-missing/named")
+    # From the environment: passed over, the put goes over TCP.
+    monkeypatch.setenv("HYDRANT_LOCAL_SOCKET", str(missing))
+    client = hydrant.Client(local_server.address, retries=0)
+    assert client.local_socket == str(missing)
+    client.put("local-missing/environment", data)
+    assert client.get("local-missing/environment") == data
+    # The environment's socket is for a server on this host; a socket names one server.
+    assert hydrant._is_loopback("127.0.0.1:7700") and hydrant._is_loopback("[::1]:7700")
+    assert not hydrant._is_loopback("10.1.2.3:7700")
+    with pytest.raises(hydrant.UsageError):
+        hydrant.Client([local_server.address, "127.0.0.1:1"], local_socket=missing)
+
+
+def test_a_dcp_save_writes_through_the_local_socket(local_server):
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+    from hydrant.torch.dcp import StorageReader, StorageWriter
+
+    generator = torch.Generator().manual_seed(12)
+    state = {"weight": torch.rand(4 << 20, generator=generator),
+             "bias": torch.rand(1 << 20, generator=generator, dtype=torch.float64), "step": 7}
+    before = shared_written(local_server)
+    checkpoint = "hydrant://local-dcp/step-7"
+    dcp.save(state, storage_writer=StorageWriter(checkpoint, servers=local_server.address,
+                                                 local_socket=str(local_server.socket_path)),
+             no_dist=True)
+    assert shared_written(local_server) - before >= (16 << 20) + (8 << 20)
+    loaded = {"weight": torch.zeros(4 << 20), "bias": torch.zeros(1 << 20, dtype=torch.float64),
+              "step": 0}
+    dcp.load(loaded, storage_reader=StorageReader(checkpoint, servers=local_server.address),
+             no_dist=True)
+    assert torch.equal(loaded["weight"], state["weight"])
+    assert torch.equal(loaded["bias"], state["bias"]) and loaded["step"] == 7

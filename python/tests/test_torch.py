@@ -381,3 +381,25 @@ def test_each_worker_plans_its_epoch_so_the_server_reads_ahead_of_it(server):
     assert first == dataset.plan_id()
     other = hydrant.torch.ShardDataset(paths, client=client, seed=3)
     assert other.plan_id() != first
+
+
+def test_a_writer_and_reader_reused_for_other_checkpoints_keep_their_settings(server):
+    import torch.distributed.checkpoint as dcp
+    from hydrant.torch.dcp import StorageReader, StorageWriter
+
+    # DCP resets a reused writer or reader to each checkpoint_id it is given; the server named
+    # when it was made (not the default address) must still be the one written and read.
+    writer = StorageWriter("hydrant://torch-dcp-reused/step-1", servers=server.address)
+    reader = StorageReader("hydrant://torch-dcp-reused/step-1", servers=server.address)
+    for step in (1, 2):
+        state = {"weight": torch.full((1000,), float(step)), "step": step}
+        dcp.save(state, storage_writer=writer, checkpoint_id=f"torch-dcp-reused/step-{step}",
+                 no_dist=True)
+    client = server.client(retries=0)
+    for step in (1, 2):
+        assert client.exists(f"torch-dcp-reused/step-{step}/.metadata")
+        loaded = {"weight": torch.zeros(1000), "step": 0}
+        dcp.load(loaded, storage_reader=reader, checkpoint_id=f"torch-dcp-reused/step-{step}",
+                 no_dist=True)
+        assert torch.equal(loaded["weight"], torch.full((1000,), float(step)))
+        assert loaded["step"] == step

@@ -20,7 +20,7 @@ ones before it are untouched.
 
 import contextlib
 import os
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
 
@@ -54,11 +54,27 @@ class _LendingPlanner:
         return getattr(self._planner, name)
 
 
-class _LendingStreams:
+class _Options:
+    """DCP's fsspec file system, keeping the storage options the writer or reader was made
+    with when DCP points it at another checkpoint (``dcp.save(..., checkpoint_id=...)`` resets
+    the writer, which makes a new file system of the URL alone)."""
+
+    def __init__(self, fs: Any, options: Dict[str, Any]):
+        self._fs = fs
+        self._options = options
+
+    def init_path(self, path: Any, **kwargs: Any) -> Any:
+        return self._fs.init_path(_url(path), **{**self._options, **kwargs})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+class _LendingStreams(_Options):
     """DCP's file system, whose streams opened for writing take the current save's lender."""
 
-    def __init__(self, fs: Any):
-        self._fs = fs
+    def __init__(self, fs: Any, options: Dict[str, Any]):
+        super().__init__(fs, options)
         self.lender: Optional[Lender] = None
 
     @contextlib.contextmanager
@@ -67,9 +83,6 @@ class _LendingStreams:
             if "w" in mode and isinstance(stream, HydrantFile):
                 stream._lender = self.lender
             yield stream
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
 
 
 class StorageWriter(FsspecWriter):
@@ -84,7 +97,7 @@ class StorageWriter(FsspecWriter):
         storage_options.setdefault("write_spool_bytes", WRITE_SPOOL_BYTES)
         super().__init__(_url(checkpoint_id), single_file_per_rank=single_file_per_rank,
                          sync_files=False, thread_count=thread_count, **storage_options)
-        self.fs = _LendingStreams(self.fs)
+        self.fs = _LendingStreams(self.fs, storage_options)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         lender = Lender()
@@ -101,6 +114,7 @@ class StorageReader(FsspecReader):
 
     def __init__(self, checkpoint_id: Union[str, "os.PathLike[str]"], **storage_options: Any):
         super().__init__(_url(checkpoint_id), **storage_options)
+        self.fs = _Options(self.fs, storage_options)
 
 
 def wait_uploaded(checkpoint_id: Union[str, "os.PathLike[str]"], client: Optional[Client] = None,
