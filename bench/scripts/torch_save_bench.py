@@ -5,8 +5,7 @@
     python3 torch_save_bench.py file - PATH STATE_MIB
 
 `hydrant`: hydrant.torch.save (returns once the object is durable on the node's NVMe).
-`hydrant-local`: the same through the server's same-host socket SOCKET (the object is one
-region's worth: the region is made as large as the state dict).
+`hydrant-local`: the same through the server's same-host socket SOCKET.
 `file`: torch.save into a local file, then os.fsync (durable on the local disk). The state
 dict is 64 tensors of float32 (random), saved twice by one process (hydrant: as TARGET.0 and
 TARGET.1). Prints `first_seconds=S seconds=S bytes=B`: the first save's time and the second's.
@@ -37,9 +36,7 @@ def main():
             if save == 0:
                 local = {}
                 if mode == "hydrant-local":
-                    region = (int(state_mib) + 64) << 20
-                    local = {"local_socket": sys.argv[5], "local_write_bytes_max": region,
-                             "local_write_idle_bytes_max": region}
+                    local = {"local_socket": sys.argv[5]}
                 client = hydrant.Client(endpoint, **local)
             hydrant.torch.save(state, f"{target}.{save}", client=client)
             size = client.stat(f"{target}.{save}").size

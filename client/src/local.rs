@@ -28,8 +28,8 @@ use nix::sys::socket;
 
 use hydrant_proto::local::{
     local_message, LocalHeader, LocalOpcode, LocalRead, LocalReadAnswer, LocalReadItem,
-    LocalRegionInfo, LocalWrite, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END,
-    LOCAL_REGION_FLAG_HUGE_PAGES,
+    LocalRegionInfo, LocalWrite, LocalWriteMemory, LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END,
+    LOCAL_REGION_FLAG_HUGE_PAGES, LOCAL_WRITE_PARTS_MAX,
 };
 pub use hydrant_proto::local::{LocalCondition, LocalWriteAnswer as WriteInfo};
 use hydrant_proto::Status;
@@ -319,6 +319,64 @@ impl LocalClient {
         self.stream.set_read_timeout(Some(LOCAL_REQUEST_TIMEOUT))?;
         let (_, body, _) = answered?;
         Ok(WriteInfo::decode(&body)?)
+    }
+
+    /// Store the concatenation of `parts`, bytes of this process's own memory, as
+    /// `bucket/key`, as `write_from` does but with no region: the shard that owns the key reads
+    /// them from this process (`process_vm_readv`) into its own buffers, once. The kernel's
+    /// ptrace rules decide whether the server may (a server of the same user or root may, and
+    /// this client names the server as its tracer for Yama's `ptrace_scope` 1); where it may
+    /// not, the answer is an UNSUPPORTED status and `write_from` is the way. Leave the bytes as
+    /// they are until the answer, as for `write_from`.
+    pub fn write_memory(
+        &mut self,
+        parts: &[&[u8]],
+        bucket: &str,
+        key: &str,
+        condition: LocalCondition,
+    ) -> Result<WriteInfo> {
+        self.allow_server_to_read();
+        let request = LocalWriteMemory {
+            parts: parts
+                .iter()
+                .filter(|part| !part.is_empty())
+                .map(|part| (part.as_ptr() as u64, part.len() as u64))
+                .collect(),
+            condition,
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+        };
+        if request.parts.len() > LOCAL_WRITE_PARTS_MAX as usize {
+            return Err(ClientError::Usage(format!(
+                "a write of {} parts; at most {LOCAL_WRITE_PARTS_MAX}",
+                request.parts.len()
+            )));
+        }
+        self.stream.set_read_timeout(Some(LOCAL_WRITE_TIMEOUT))?;
+        let answered = self.call(LocalOpcode::WriteMemory, &request.encode());
+        self.stream.set_read_timeout(Some(LOCAL_REQUEST_TIMEOUT))?;
+        let (_, body, _) = answered?;
+        Ok(WriteInfo::decode(&body)?)
+    }
+
+    /// Name the server (the socket's peer) as a process that may read this one, for kernels
+    /// whose Yama `ptrace_scope` is 1 (only descendants otherwise). Best effort: where it
+    /// fails, the server's own rights decide.
+    fn allow_server_to_read(&self) {
+        let Ok(credentials) = socket::getsockopt(&self.stream, socket::sockopt::PeerCredentials)
+        else {
+            return;
+        };
+        // SAFETY: PR_SET_PTRACER takes a pid; it changes only who may trace this process.
+        unsafe {
+            libc::prctl(
+                libc::PR_SET_PTRACER,
+                credentials.pid() as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
     }
 
     /// Give the server's side of a region back before the connection closes.

@@ -26,6 +26,8 @@ pub const LOCAL_REGION_BYTES_MAX: u64 = 16 << 30;
 pub const LOCAL_REGIONS_PER_CONNECTION_MAX: u32 = 64;
 /// `range_end` meaning "to the end of the object".
 pub const LOCAL_RANGE_TO_END: u64 = u64::MAX;
+/// Pieces of one WRITE_MEMORY.
+pub const LOCAL_WRITE_PARTS_MAX: u32 = 65536;
 /// ALLOCATE answer flag: the region is backed by huge pages.
 pub const LOCAL_REGION_FLAG_HUGE_PAGES: u32 = 1;
 
@@ -40,6 +42,8 @@ pub enum LocalOpcode {
     Free = 3,
     /// Body: `LocalWrite`. Answer: `LocalWriteAnswer`.
     Write = 4,
+    /// Body: `LocalWriteMemory`. Answer: `LocalWriteAnswer`.
+    WriteMemory = 5,
 }
 
 impl LocalOpcode {
@@ -49,6 +53,7 @@ impl LocalOpcode {
             2 => Ok(LocalOpcode::Read),
             3 => Ok(LocalOpcode::Free),
             4 => Ok(LocalOpcode::Write),
+            5 => Ok(LocalOpcode::WriteMemory),
             other => Err(ProtoError::UnknownOpcode(other)),
         }
     }
@@ -245,19 +250,36 @@ pub struct LocalWrite {
     pub key: String,
 }
 
-impl LocalWrite {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut writer = Writer::new();
-        writer.u32(self.region);
-        writer.u64(self.offset);
-        writer.u64(self.length);
-        let (kind, version) = match self.condition {
+impl LocalCondition {
+    fn encode(&self, writer: &mut Writer) {
+        let (kind, version) = match *self {
             LocalCondition::None => (0, 0),
             LocalCondition::Absent => (1, 0),
             LocalCondition::Version(seq) => (2, seq),
         };
         writer.u8(kind);
         writer.u64(version);
+    }
+
+    fn decode(reader: &mut Reader<'_>) -> Result<LocalCondition, ProtoError> {
+        let kind = reader.u8()?;
+        let version = reader.u64()?;
+        match (kind, version) {
+            (0, 0) => Ok(LocalCondition::None),
+            (1, 0) => Ok(LocalCondition::Absent),
+            (2, seq) => Ok(LocalCondition::Version(seq)),
+            _ => Err(ProtoError::Malformed("an unknown WRITE condition")),
+        }
+    }
+}
+
+impl LocalWrite {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        writer.u32(self.region);
+        writer.u64(self.offset);
+        writer.u64(self.length);
+        self.condition.encode(&mut writer);
         writer.bytes16(self.bucket.as_bytes());
         writer.bytes16(self.key.as_bytes());
         writer.finish()
@@ -268,14 +290,7 @@ impl LocalWrite {
         let region = reader.u32()?;
         let offset = reader.u64()?;
         let length = reader.u64()?;
-        let kind = reader.u8()?;
-        let version = reader.u64()?;
-        let condition = match (kind, version) {
-            (0, 0) => LocalCondition::None,
-            (1, 0) => LocalCondition::Absent,
-            (2, seq) => LocalCondition::Version(seq),
-            _ => return Err(ProtoError::Malformed("an unknown WRITE condition")),
-        };
+        let condition = LocalCondition::decode(&mut reader)?;
         let bucket = reader.text16(255, "bucket")?.to_string();
         let key = reader.text16(4096, "key")?.to_string();
         reader.finish()?;
@@ -283,6 +298,56 @@ impl LocalWrite {
             region,
             offset,
             length,
+            condition,
+            bucket,
+            key,
+        })
+    }
+}
+
+/// WRITE_MEMORY: store the concatenation of `parts`, each (address, length) in the writer's
+/// own memory, as `bucket/key`, by the bucket's write mode. The server reads those bytes from
+/// the writer's process (the one that opened the connection, by its credentials) with
+/// `process_vm_readv`, so they need no shared region; the writer leaves them alone until the
+/// answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalWriteMemory {
+    pub parts: Vec<(u64, u64)>,
+    pub condition: LocalCondition,
+    pub bucket: String,
+    pub key: String,
+}
+
+impl LocalWriteMemory {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut writer = Writer::new();
+        writer.u32(self.parts.len() as u32);
+        for &(address, length) in &self.parts {
+            writer.u64(address);
+            writer.u64(length);
+        }
+        self.condition.encode(&mut writer);
+        writer.bytes16(self.bucket.as_bytes());
+        writer.bytes16(self.key.as_bytes());
+        writer.finish()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<LocalWriteMemory, ProtoError> {
+        let mut reader = Reader::new(bytes);
+        let count = reader.u32()?;
+        if count > LOCAL_WRITE_PARTS_MAX {
+            return Err(ProtoError::Malformed("a WRITE_MEMORY of too many parts"));
+        }
+        let mut parts = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            parts.push((reader.u64()?, reader.u64()?));
+        }
+        let condition = LocalCondition::decode(&mut reader)?;
+        let bucket = reader.text16(255, "bucket")?.to_string();
+        let key = reader.text16(4096, "key")?.to_string();
+        reader.finish()?;
+        Ok(LocalWriteMemory {
+            parts,
             condition,
             bucket,
             key,

@@ -4,6 +4,7 @@
 
 use hydrant_proto::local::{
     LocalCondition, LocalRead, LocalReadAnswer, LocalRegionInfo, LocalWrite, LocalWriteAnswer,
+    LocalWriteMemory,
 };
 use hydrant_proto::message::{
     GetRequest, HelloRequest, HelloResponse, ListEntries, ListRequest, Message, ObjectInfo,
@@ -47,6 +48,9 @@ fn decode_everything(bytes: &[u8], limits: &Limits) -> bool {
         assert!(write.bucket.len() <= 255 && write.key.len() <= 4096);
     }
     let _ = LocalWriteAnswer::decode(bytes);
+    if let Ok(write) = LocalWriteMemory::decode(bytes) {
+        assert!(write.parts.len() <= hydrant_proto::local::LOCAL_WRITE_PARTS_MAX as usize);
+    }
     accepted.is_ok()
 }
 
@@ -91,6 +95,13 @@ fn seeds() -> Vec<Vec<u8>> {
             offset: 4096,
             length: 1 << 20,
             condition: LocalCondition::Version(7),
+            bucket: "datasets".into(),
+            key: "train/0001.tar".into(),
+        }
+        .encode(),
+        LocalWriteMemory {
+            parts: vec![(0x7f00_0000_1000, 4096), (0x7f00_0100_0000, 1 << 20)],
+            condition: LocalCondition::Absent,
             bucket: "datasets".into(),
             key: "train/0001.tar".into(),
         }

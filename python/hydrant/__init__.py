@@ -40,6 +40,7 @@ from .errors import (
     NotFound,
     OriginRefused,
     PreconditionFailed,
+    Unsupported,
     OriginUnavailable,
     ProtocolError,
     ReadOnly,
@@ -72,6 +73,7 @@ __all__ = [
     "ReadOnly",
     "OriginRefused",
     "PreconditionFailed",
+    "Unsupported",
     "ChecksumMismatch",
     "Busy",
     "OriginUnavailable",
@@ -102,16 +104,19 @@ PLAN_WINDOW_BYTES = 256 << 20
 #: A plan none of whose keys is read for this long (seconds) ends, by default.
 PLAN_IDLE_SECONDS = 30.0
 
-#: Objects of at most this many bytes go through a client's same-host socket, where it has one
-#: (``local_socket``); larger ones go over TCP. Each thread that writes through it keeps a
-#: region shared with the server, grown to the largest object it wrote, so this is also the
-#: bound on that region (the ``local_write_bytes_max`` argument).
+#: Objects of at most this many bytes go through a region shared with the server, where a
+#: client has a same-host socket (``local_socket``) but the server may not read the client's
+#: memory, or the object comes from a file; larger ones go over TCP. It bounds each region (the
+#: ``local_write_bytes_max`` argument). Writes the server reads from the client's memory need
+#: no region, and have no bound but the server's.
 LOCAL_WRITE_BYTES_MAX = 1 << 30
 #: Objects smaller than this go over TCP even with a same-host socket: one TCP request is as
 #: cheap as a same-host one for them.
 LOCAL_WRITE_BYTES_MIN = 256 << 10
 #: The smallest region a same-host writer allocates, and the step in which it grows.
 LOCAL_WRITE_REGION_MIN = 64 << 20
+#: Same-host connections a client keeps between its writes.
+LOCAL_WRITE_IDLE_CONNECTIONS_MAX = 16
 #: Bytes of regions a client keeps for its same-host writes between them, by default (the
 #: ``local_write_idle_bytes_max`` argument): beyond, a region is given back after its write.
 LOCAL_WRITE_IDLE_BYTES_MAX = 4 << 30
@@ -310,10 +315,15 @@ def _parts_of(data: Any) -> Tuple[List[Any], List[Any], int]:
     return parts, held, size
 
 
+def _length(writer: Tuple[Any, Optional[NativeRegion]]) -> int:
+    return 0 if writer[1] is None else writer[1].length
+
+
 class _LocalWrites:
-    """A client's writes through its server's same-host socket: each write takes a writer (a
-    connection and a region, grown to the object's size up to ``bytes_max``) from the idle ones
-    or makes one, and gives it back after; up to ``idle_bytes_max`` of regions stay between
+    """A client's writes through its server's same-host socket: from the writer's memory
+    (WRITE_MEMORY) while the server may read this process, else through a region. Each write
+    takes a writer (a connection, and a region grown to the object's size up to ``bytes_max``
+    where one is needed) from the idle ones or makes one, and gives it back after; up to ``idle_bytes_max`` of regions stay between
     writes, so that a process that saves again finds its memory ready (a new region's pages
     cost more to fault in than to fill)."""
 
@@ -328,27 +338,29 @@ class _LocalWrites:
         self._deadline = deadline
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._idle: List[Tuple[NativeLocal, NativeRegion]] = []
+        self._idle: List[Tuple[NativeLocal, Optional[NativeRegion]]] = []
         self._unreachable = False
+        # Whether the server may read this process's memory (until it says it may not).
+        self._memory = True
 
     def settings(self) -> tuple:
         return (self.socket_path, self._required, self._bytes_max, self._idle_bytes_max,
                 self._retries, self._backoff, self._deadline)
 
-    def _take(self, size: int) -> Optional[Tuple[NativeLocal, NativeRegion]]:
-        """A writer with a region of at least ``size`` bytes; None where the socket (from the
-        environment) cannot be reached."""
+    def _take(self, size: int) -> Optional[Tuple[NativeLocal, Optional[NativeRegion]]]:
+        """A writer with a region of at least ``size`` bytes (none needed for 0); None where
+        the socket (from the environment) cannot be reached."""
         with self._lock:
             if self._pid != os.getpid():
                 # A forked child: its parent's connections and regions are not its own.
                 self._pid, self._idle, self._unreachable = os.getpid(), [], False
             if self._unreachable:
                 return None
-            fitting = [writer for writer in self._idle if writer[1].length >= size]
+            fitting = [writer for writer in self._idle if _length(writer) >= size]
             if fitting:
-                writer = min(fitting, key=lambda writer: writer[1].length)
+                writer = min(fitting, key=_length)
             elif self._idle:
-                writer = max(self._idle, key=lambda writer: writer[1].length)
+                writer = max(self._idle, key=_length)
             else:
                 writer = None
             if writer is not None:
@@ -362,22 +374,25 @@ class _LocalWrites:
                 self._unreachable = True
                 return None
         local, region = writer
-        if region is None or region.length < size:
+        if size > 0 and (region is None or region.length < size):
             if region is not None:
                 local.free(region)
             # In steps of LOCAL_WRITE_REGION_MIN: a region is as large as the writes need.
-            steps = max(1, -(-size // LOCAL_WRITE_REGION_MIN))
+            steps = -(-size // LOCAL_WRITE_REGION_MIN)
             region = local.allocate(min(steps * LOCAL_WRITE_REGION_MIN, max(size, self._bytes_max)))
         return local, region
 
-    def _give_back(self, writer: Tuple[NativeLocal, NativeRegion]) -> None:
+    def _give_back(self, writer: Tuple[NativeLocal, Optional[NativeRegion]]) -> None:
         with self._lock:
             if self._pid == os.getpid():
                 self._idle.append(writer)
-                self._idle.sort(key=lambda writer: writer[1].length)
-                while sum(region.length for _, region in self._idle) > self._idle_bytes_max:
+                self._idle.sort(key=_length)
+                while sum(map(_length, self._idle)) > self._idle_bytes_max:
                     # The largest go first; their connections close with them.
                     self._idle.pop()
+                # Connections without regions: a few, for writes from several threads.
+                while len(self._idle) > LOCAL_WRITE_IDLE_CONNECTIONS_MAX:
+                    self._idle.pop(0)
 
     def _fits(self, size: int) -> bool:
         return LOCAL_WRITE_BYTES_MIN <= size <= self._bytes_max
@@ -401,6 +416,20 @@ class _LocalWrites:
         None when it is not for this path (its size, or no socket)."""
         parts, held, size = _parts_of(data)
         try:
+            if size < LOCAL_WRITE_BYTES_MIN:
+                return None
+            if self._memory:
+                # Read by the server from where the parts lie: no region, no copy here.
+                writer = self._take(0)
+                if writer is None:
+                    return None
+                local, region = writer
+                try:
+                    return self._write(lambda: local.write_memory(bucket, key, parts))
+                except errors.Unsupported:
+                    self._memory = False  # the server may not read this process: use regions
+                finally:
+                    self._give_back(writer)
             if not self._fits(size):
                 return None
             writer = self._take(size)
@@ -453,10 +482,12 @@ class Client:
 
     ``local_socket``: the same-host socket of the server (``hydrant-server --local-socket
     PATH``; default: ``HYDRANT_LOCAL_SOCKET`` where the one server is on a loopback address).
-    With it, ``put`` of bytes, buffers, lists of them and files from ``LOCAL_WRITE_BYTES_MIN``
-    to ``local_write_bytes_max`` bytes copies them once into a region shared with the server,
-    which stores them from there: no bytes cross a socket. Regions of up to
-    ``local_write_idle_bytes_max`` bytes in all are kept between writes for the next ones. It
+    With it, ``put`` of bytes, buffers and lists of them from ``LOCAL_WRITE_BYTES_MIN`` bytes
+    lets the server read them from where they lie in this process (:meth:`LocalClient.write`);
+    where the kernel does not let it, and for files, those up to ``local_write_bytes_max`` are
+    copied once into a region shared with the server, which stores them from there. No
+    bytes cross a socket. Regions of up to ``local_write_idle_bytes_max`` bytes in all are kept
+    between writes for the next ones. It
     needs exactly one server, the one that socket belongs to. A socket given here that cannot be reached is an error; one from
     the environment that cannot be reached is passed over (TCP is used).
     """
@@ -878,6 +909,22 @@ class LocalClient:
             length = len(region) - offset
         return ObjectInfo(*self._native.write(region._native, int(offset), int(length), bucket, key,
                                               bool(if_absent), if_version))
+
+    def write(self, path: str, data: Any, *, if_absent: bool = False,
+              if_version: Optional[int] = None) -> ObjectInfo:
+        """Store ``data`` (bytes, any buffer, or a list or tuple of them, stored one after
+        another) as the object ``path`` with no region: the server reads the bytes from this
+        process's memory, where they lie, into its own buffers. Conditions and durability as
+        :meth:`write_from`; leave the bytes unchanged until it returns. Raises
+        :class:`Unsupported` where the kernel does not let the server read this process (a
+        server of another user; Yama's ``ptrace_scope`` 2 or 3): use :meth:`write_from` then."""
+        bucket, key = _split(path)
+        parts, held, _ = _parts_of(data)
+        try:
+            return ObjectInfo(*self._native.write_memory(bucket, key, parts, bool(if_absent),
+                                                         if_version))
+        finally:
+            held.clear()
 
     def free(self, region: Region) -> None:
         """Give the server's side of ``region`` back now (else when the connection closes)."""

@@ -59,6 +59,10 @@ class NativeLocal:
         self, region: NativeRegion, offset: int, length: int, bucket: str, key: str,
         if_absent: bool = False, if_version: Optional[int] = None,
     ) -> Tuple[int, int, bool]: ...
+    def write_memory(
+        self, bucket: str, key: str, parts: List[Any],
+        if_absent: bool = False, if_version: Optional[int] = None,
+    ) -> Tuple[int, int, bool]: ...
     def write_parts(
         self, region: NativeRegion, bucket: str, key: str, parts: List[Any],
         if_absent: bool = False, if_version: Optional[int] = None,

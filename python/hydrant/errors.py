@@ -76,6 +76,10 @@ class PreconditionFailed(StatusError):
     """A conditional write found its key otherwise than it requires; nothing was written."""
 
 
+class Unsupported(StatusError):
+    """The server does not do what was asked (say, read a same-host writer's memory)."""
+
+
 class ChecksumMismatch(StatusError):
     """Bytes arrived damaged; nothing was stored."""
 
@@ -146,6 +150,7 @@ _BY_NAME: Dict[str, Type[StatusError]] = {
     "OriginRefused": OriginRefused,
     "PreconditionFailed": PreconditionFailed,
     "ChecksumMismatch": ChecksumMismatch,
+    "Unsupported": Unsupported,
     "Busy": Busy,
     "OriginUnavailable": OriginUnavailable,
     "NoSpace": NoSpace,

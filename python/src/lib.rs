@@ -618,6 +618,35 @@ impl NativeLocal {
         Ok((answer.bytes, answer.seq, answer.dirty))
     }
 
+    /// Store the concatenation of `parts` (as `NativeClient::put_parts` takes them) as
+    /// `bucket/key` with no region: the server reads them from this process's memory
+    /// (WRITE_MEMORY), with the GIL released. An UNSUPPORTED status says the server may not
+    /// read this process (write through a region then).
+    #[pyo3(signature = (bucket, key, parts, if_absent=false, if_version=None))]
+    fn write_memory(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        if_absent: bool,
+        if_version: Option<u64>,
+    ) -> PyResult<Info> {
+        self.same_process()?;
+        let condition = condition_of(if_absent, if_version)?;
+        let slices = part_slices(&parts)?;
+        let answer = py
+            .detach(|| {
+                // SAFETY: as `part_slices` requires: `parts` is held until this call returns.
+                let slices = unsafe { slices_of(&slices) };
+                self.locked_client()?
+                    .write_memory(&slices, bucket, key, condition)
+            })
+            .map_err(|error| python_error(py, error))?;
+        drop(parts);
+        Ok((answer.bytes, answer.seq, answer.dirty))
+    }
+
     /// Copy `parts` (as `NativeClient::put_parts` takes them) one after another into `region`
     /// from its start, then store them as `bucket/key` as `write` does, with the GIL released
     /// throughout. Parts larger than the region are refused before anything is copied.

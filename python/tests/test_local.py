@@ -246,7 +246,8 @@ def test_a_client_with_a_local_socket_puts_through_it_from_several_threads(local
     for path, data in objects.items():
         assert client.get(path) == data, path
 
-    # A file goes through the region too; objects too small or too large for it go over TCP.
+    # A file goes through a region; one larger than a region may be goes over TCP. Memory
+    # needs no region, so its bound does not apply; objects too small go over TCP.
     before = shared_written(local_server)
     file_data = payload(60, 2 << 20)
     with open(local_server.socket_path.parent / "file.bin", "wb") as file:
@@ -254,10 +255,16 @@ def test_a_client_with_a_local_socket_puts_through_it_from_several_threads(local
     client.put("local-put/file", local_server.socket_path.parent / "file.bin")
     assert shared_written(local_server) - before == len(file_data)
     small, large = payload(61, 1000), payload(62, (16 << 20) + 1)
+    with open(local_server.socket_path.parent / "large.bin", "wb") as file:
+        file.write(large)
     client.put("local-put/small", small)
-    client.put("local-put/large", large)
+    client.put("local-put/large-file", local_server.socket_path.parent / "large.bin")
     assert shared_written(local_server) - before == len(file_data)
+    client.put("local-put/large", large)
+    assert shared_written(local_server) - before == len(file_data) + len(large)
     assert client.get("local-put/small") == small and client.get("local-put/large") == large
+    assert client.get("local-put/large-file") == large
+    before = shared_written(local_server)
 
     # Pickled (a DataLoader worker), it keeps writing through the socket.
     import pickle
@@ -265,7 +272,7 @@ def test_a_client_with_a_local_socket_puts_through_it_from_several_threads(local
     copy = pickle.loads(pickle.dumps(client))
     assert copy.local_socket == client.local_socket
     copy.put("local-put/copied", file_data)
-    assert shared_written(local_server) - before == 2 * len(file_data)
+    assert shared_written(local_server) - before == len(file_data)
 
 
 def test_a_local_socket_that_cannot_be_reached(local_server, monkeypatch, tmp_path):
@@ -309,3 +316,19 @@ def test_a_dcp_save_writes_through_the_local_socket(local_server):
              no_dist=True)
     assert torch.equal(loaded["weight"], state["weight"])
     assert torch.equal(loaded["bias"], state["bias"]) and loaded["step"] == 7
+
+
+def test_write_stores_bytes_from_where_they_lie_in_this_process(local_server):
+    client = local_server.client(retries=0)
+    local = hydrant.LocalClient(local_server.socket_path)
+    head, body = payload(80, 1000), numpy.frombuffer(payload(81, 5 << 20), dtype=numpy.uint8)
+    before = shared_written(local_server)
+    info = local.write("local-memory/parts", [head, body, b"", memoryview(b"tail")])
+    expected = head + body.tobytes() + b"tail"
+    assert info.size == len(expected)
+    assert client.get("local-memory/parts") == expected
+    assert shared_written(local_server) - before == len(expected)
+    with pytest.raises(hydrant.PreconditionFailed):
+        local.write("local-memory/parts", b"other", if_absent=True)
+    local.write("local-memory/parts", b"other", if_version=info.version)
+    assert client.get("local-memory/parts") == b"other"

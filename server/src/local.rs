@@ -25,16 +25,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use hydrant_engine::buf::ExternalBuf;
+use hydrant_engine::buf::{ExternalBuf, SharedSource};
 use hydrant_engine::rt::sync::Semaphore;
 use hydrant_engine::rt::{block_on, current_reactor, spawn, EXTERNAL_FIXED_SLOTS};
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{Attributes, ByteRange, Cache, EngineHandle, Precondition};
 use hydrant_proto::local::{
     local_message, LocalCondition, LocalHeader, LocalItemResult, LocalOpcode, LocalRead,
-    LocalReadAnswer, LocalRegionInfo, LocalWrite, LocalWriteAnswer, LOCAL_HEADER_BYTES,
-    LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX, LOCAL_REGION_BYTES_MAX,
-    LOCAL_REGION_FLAG_HUGE_PAGES,
+    LocalReadAnswer, LocalRegionInfo, LocalWrite, LocalWriteAnswer, LocalWriteMemory,
+    LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX,
+    LOCAL_REGION_BYTES_MAX, LOCAL_REGION_FLAG_HUGE_PAGES,
 };
 use hydrant_proto::Status;
 use memmap2::{MmapOptions, MmapRaw};
@@ -43,9 +43,12 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::socket::{self, Shutdown};
 
 use crate::connection::requests::engine_failure;
+
+mod process_memory;
 use crate::metrics::{
     self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGIONS_REGISTERED, LOCAL_REGION_BYTES,
 };
+use process_memory::{ProcessMemory, Writer};
 
 /// Same-host connections served at once; more are closed on arrival.
 const LOCAL_CONNECTIONS_MAX: u64 = 256;
@@ -171,6 +174,9 @@ fn accept_loop(
                     engine,
                     regions: HashMap::new(),
                     next_region: 0,
+                    writer: Writer::open(pid)
+                        .map(Arc::new)
+                        .map_err(|error| error.to_string()),
                 };
                 if let Err(error) = connection.serve(&stream) {
                     log::debug!("local connection of pid {pid} closed: {error}");
@@ -343,6 +349,8 @@ struct LocalConnection {
     engine: EngineHandle,
     regions: HashMap<u32, Arc<Region>>,
     next_region: u32,
+    /// The client's process, for WRITE_MEMORY (or why it could not be held).
+    writer: Result<Arc<Writer>, String>,
 }
 
 impl LocalConnection {
@@ -392,6 +400,17 @@ impl LocalConnection {
                 LocalOpcode::Write => {
                     let (status, answer) = match LocalWrite::decode(&body) {
                         Ok(request) => match self.write(stream, request) {
+                            Ok(written) => (Status::Ok, written.encode()),
+                            Err((status, message)) => (status, message.into_bytes()),
+                        },
+                        Err(error) => (Status::for_error(&error), error.to_string().into_bytes()),
+                    };
+                    let message = local_message(opcode, status as u8, header.request_id, &answer);
+                    (&*stream).write_all(&message)?;
+                }
+                LocalOpcode::WriteMemory => {
+                    let (status, answer) = match LocalWriteMemory::decode(&body) {
+                        Ok(request) => match self.write_memory(stream, request) {
                             Ok(written) => (Status::Ok, written.encode()),
                             Err((status, message)) => (status, message.into_bytes()),
                         },
@@ -556,19 +575,73 @@ impl LocalConnection {
         let source = Self::external(region)
             .slice(request.offset as usize, request.length as usize)
             .expect("checked to fit above");
-        let precondition = match request.condition {
+        // The region stays mapped until the put ends: this thread owns it and waits in `store`.
+        self.store(stream, key, Arc::new(source), request.condition)
+    }
+
+    /// A WRITE_MEMORY: the owning shard reads the bytes from the client's own memory (see
+    /// `process_memory`); answered as a WRITE is.
+    fn write_memory(
+        &self,
+        stream: &UnixStream,
+        request: LocalWriteMemory,
+    ) -> Result<LocalWriteAnswer, (Status, String)> {
+        let writer = self.writer.clone().map_err(|why| {
+            (
+                Status::Unsupported,
+                format!(
+                    "this server cannot hold the writer's process ({why}): write from a region"
+                ),
+            )
+        })?;
+        let key = ObjectKey::new(&request.bucket, &request.key).map_err(engine_failure)?;
+        let source = ProcessMemory::new(writer.clone(), &request.parts)
+            .map_err(|why| (Status::InvalidRange, why))?;
+        if let Some(address) = source.first_address() {
+            // Whether this server may read the writer at all, before anything is placed.
+            match writer.probe(address) {
+                Ok(()) => {}
+                Err(nix::errno::Errno::EFAULT) => {
+                    return Err((
+                        Status::InvalidRange,
+                        format!("address {address:#x} is not mapped in the writer's process"),
+                    ))
+                }
+                Err(errno) => {
+                    return Err((
+                        Status::Unsupported,
+                        format!(
+                            "this server may not read the writer's memory ({errno}; the kernel's \
+                             ptrace rules decide): write from a region"
+                        ),
+                    ))
+                }
+            }
+        }
+        self.store(stream, key, Arc::new(source), request.condition)
+    }
+
+    /// Store `source` as `key` if it is as `condition` requires, waiting for the put here while
+    /// watching the socket (a client that goes away abandons its put).
+    fn store(
+        &self,
+        stream: &UnixStream,
+        key: ObjectKey,
+        source: Arc<dyn SharedSource>,
+        condition: LocalCondition,
+    ) -> Result<LocalWriteAnswer, (Status, String)> {
+        let precondition = match condition {
             LocalCondition::None => Precondition::Any,
             LocalCondition::Absent => Precondition::Absent,
             LocalCondition::Version(seq) => Precondition::Version(seq),
         };
-        // The region stays mapped until the put ends: this thread owns it and waits here,
-        // watching the socket meanwhile (a client that goes away abandons its put).
         let abandoned = Arc::new(AtomicBool::new(false));
+        let length = source.len();
         let put = self.engine.put_shared(
             key,
             source,
             abandoned.clone(),
-            request.length,
+            length,
             precondition,
             &Attributes::default(),
         );
