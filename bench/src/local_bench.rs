@@ -35,7 +35,8 @@ pub struct LocalArgs {
     /// The DRAM tier (0: every read from NVMe).
     #[arg(long, default_value_t = 0)]
     dram_bytes: u64,
-    /// Measure writes instead: same-host WRITEs from a region against TCP PUTs of the same
+    /// Measure writes instead: same-host WRITEs from a region (the writer's copy into it
+    /// included) and WRITE_MEMORYs from the writer's buffer, against TCP PUTs of the same
     /// objects, and fio writing a file beside the data file sequentially (1 MiB, depth 8).
     #[arg(long)]
     write: bool,
@@ -127,7 +128,7 @@ fn metric(client: &mut Client, name: &str) -> Result<u64, String> {
 }
 
 /// Writes: `--objects` keys overwritten round robin by `--streams` writers, through the
-/// same-host path and over TCP, and fio's sequential write rate on the same file system.
+/// same-host path (from a region, and from the writer's own memory) and over TCP, and fio's sequential write rate on the same file system.
 fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Result<(), String> {
     let error = |error: hydrant_client::ClientError| error.to_string();
     let object_bytes = args.object_bytes;
@@ -136,10 +137,10 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
     crate::fio::fill(&fio_path, 1 << 30)?;
     let mut stats = Client::connect(address, Duration::from_secs(30)).map_err(error)?;
     println!(
-        "| round | same-host GiB/s | CPU s/GiB | copies/byte | TCP loopback GiB/s | CPU s/GiB | fio write GiB/s | fio CPU s/GiB |  ({} keys of {} bytes overwritten, {} writers)",
+        "| round | same-host from a region GiB/s | CPU s/GiB | copies/byte | same-host from memory GiB/s | CPU s/GiB | TCP loopback GiB/s | CPU s/GiB | fio write GiB/s | fio CPU s/GiB |  ({} keys of {} bytes overwritten, {} writers)",
         args.objects, object_bytes, args.streams
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for round in 1..=args.rounds {
         let locals: Vec<_> = (0..args.streams)
             .map(|_| {
@@ -155,6 +156,8 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
             let mut guard = locals[index % locals.len()].lock().unwrap();
             let (client, region) = &mut *guard;
             let key = format!("w{}", index % args.objects);
+            // What a writer does first: its bytes into the region (warm after the first time).
+            region.as_mut_slice()[..object_bytes].copy_from_slice(&value);
             client
                 .write_from(
                     region,
@@ -171,6 +174,28 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
         let written = metric(&mut stats, "hydrant_shared_write_bytes_total")? - written_before;
         let copied = metric(&mut stats, "hydrant_shared_write_copied_bytes_total")? - copied_before;
         let copies = copied as f64 / written.max(1) as f64;
+        // WRITE_MEMORY: the server reads the writer's own buffer; no region.
+        let memories: Vec<_> = (0..args.streams)
+            .map(|_| {
+                LocalClient::connect(socket)
+                    .map(std::sync::Mutex::new)
+                    .map_err(error)
+            })
+            .collect::<Result<_, String>>()?;
+        let memory = measure(args.streams, args.seconds, |index| {
+            let mut client = memories[index % memories.len()].lock().unwrap();
+            let key = format!("w{}", index % args.objects);
+            client
+                .write_memory(
+                    &[&value],
+                    "bench",
+                    &key,
+                    hydrant_client::local::LocalCondition::None,
+                )
+                .expect("same-host write from memory");
+            object_bytes as u64
+        });
+        drop(memories);
         let tcps: Vec<_> = (0..args.streams)
             .map(|_| {
                 Client::connect(address, Duration::from_secs(30))
@@ -198,9 +223,11 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
         let fio_cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - children_before;
         let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
         println!(
-            "| {round} | {:.2} | {:.3} | {copies:.2} | {:.2} | {:.3} | {fio_gib:.2} | {:.3} |",
+            "| {round} | {:.2} | {:.3} | {copies:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {fio_gib:.2} | {:.3} |",
             local.gib_per_second,
             local.cpu_seconds_per_gib,
+            memory.gib_per_second,
+            memory.cpu_seconds_per_gib,
             tcp.gib_per_second,
             tcp.cpu_seconds_per_gib,
             fio_cpu / (fio_gib * args.seconds as f64)

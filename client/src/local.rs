@@ -73,6 +73,11 @@ pub struct LocalClient {
     stream: UnixStream,
     connection: u64,
     next_request: u64,
+    /// The process that connected: the server reads its memory for `write_memory`, so a forked
+    /// child may not use this connection for that.
+    pid: u32,
+    /// Whether the server was named this process's tracer (`allow_server_to_read`).
+    tracer_named: bool,
 }
 
 /// A shared memory region: the server writes reads into it; the client reads (and may register
@@ -169,6 +174,8 @@ impl LocalClient {
             stream,
             connection: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             next_request: 1,
+            pid: std::process::id(),
+            tracer_named: false,
         })
     }
 
@@ -335,6 +342,12 @@ impl LocalClient {
         key: &str,
         condition: LocalCondition,
     ) -> Result<WriteInfo> {
+        if std::process::id() != self.pid {
+            // The server would read the connecting process's memory at this one's addresses.
+            return Err(ClientError::Usage(
+                "write_memory on a connection made by another process (before a fork): connect anew".into(),
+            ));
+        }
         self.allow_server_to_read();
         let request = LocalWriteMemory {
             parts: parts
@@ -359,14 +372,25 @@ impl LocalClient {
         Ok(WriteInfo::decode(&body)?)
     }
 
-    /// Name the server (the socket's peer) as a process that may read this one, for kernels
-    /// whose Yama `ptrace_scope` is 1 (only descendants otherwise). Best effort: where it
-    /// fails, the server's own rights decide.
-    fn allow_server_to_read(&self) {
+    /// Name the server (the socket's peer) as the process that may read this one, once per
+    /// connection, where Yama's `ptrace_scope` is 1 (only descendants otherwise; it replaces a
+    /// tracer the process named before). Best effort: where it fails, or the server's pid is
+    /// not known here (another pid namespace), the server's own rights decide.
+    fn allow_server_to_read(&mut self) {
+        if std::mem::replace(&mut self.tracer_named, true) {
+            return;
+        }
+        let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope");
+        if scope.map(|scope| scope.trim() != "1").unwrap_or(true) {
+            return;
+        }
         let Ok(credentials) = socket::getsockopt(&self.stream, socket::sockopt::PeerCredentials)
         else {
             return;
         };
+        if credentials.pid() <= 0 {
+            return;
+        }
         // SAFETY: PR_SET_PTRACER takes a pid; it changes only who may trace this process.
         unsafe {
             libc::prctl(

@@ -115,6 +115,9 @@ LOCAL_WRITE_BYTES_MAX = 1 << 30
 LOCAL_WRITE_BYTES_MIN = 256 << 10
 #: The smallest region a same-host writer allocates, and the step in which it grows.
 LOCAL_WRITE_REGION_MIN = 64 << 20
+#: Parts of one write the server reads from a client's memory at most (the protocol's bound);
+#: a write of more goes through a region.
+LOCAL_WRITE_PARTS_MAX = 65536
 #: Same-host connections a client keeps between its writes.
 LOCAL_WRITE_IDLE_CONNECTIONS_MAX = 16
 #: Bytes of regions a client keeps for its same-host writes between them, by default (the
@@ -418,7 +421,7 @@ class _LocalWrites:
         try:
             if size < LOCAL_WRITE_BYTES_MIN:
                 return None
-            if self._memory:
+            if self._memory and len(parts) <= LOCAL_WRITE_PARTS_MAX:
                 # Read by the server from where the parts lie: no region, no copy here.
                 writer = self._take(0)
                 if writer is None:
@@ -428,6 +431,8 @@ class _LocalWrites:
                     return self._write(lambda: local.write_memory(bucket, key, parts))
                 except errors.Unsupported:
                     self._memory = False  # the server may not read this process: use regions
+                except errors.InvalidRange:
+                    pass  # memory the kernel lends to no other process (a device's): copy it
                 finally:
                     self._give_back(writer)
             if not self._fits(size):

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use hydrant_engine::buf::{ExternalBuf, SharedSource};
+use hydrant_engine::buf::ExternalBuf;
 use hydrant_engine::rt::sync::Semaphore;
 use hydrant_engine::rt::{block_on, current_reactor, spawn, EXTERNAL_FIXED_SLOTS};
 use hydrant_engine::store::ObjectKey;
@@ -174,7 +174,7 @@ fn accept_loop(
                     engine,
                     regions: HashMap::new(),
                     next_region: 0,
-                    writer: Writer::open(pid)
+                    writer: Writer::open(&stream)
                         .map(Arc::new)
                         .map_err(|error| error.to_string()),
                 };
@@ -191,6 +191,14 @@ fn accept_loop(
             connections.lock().expect("not poisoned").remove(&id);
             LOCAL_CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+fn precondition_of(condition: LocalCondition) -> Precondition {
+    match condition {
+        LocalCondition::None => Precondition::Any,
+        LocalCondition::Absent => Precondition::Absent,
+        LocalCondition::Version(seq) => Precondition::Version(seq),
     }
 }
 
@@ -575,8 +583,23 @@ impl LocalConnection {
         let source = Self::external(region)
             .slice(request.offset as usize, request.length as usize)
             .expect("checked to fit above");
-        // The region stays mapped until the put ends: this thread owns it and waits in `store`.
-        self.store(stream, key, Arc::new(source), request.condition)
+        // The region stays mapped until the put ends: this thread owns it and waits here,
+        // watching the socket meanwhile (a client that goes away abandons its put).
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let put = self.engine.put_shared(
+            key,
+            source,
+            abandoned.clone(),
+            request.length,
+            precondition_of(request.condition),
+            &Attributes::default(),
+        );
+        let meta = block_on_watching(put, stream, &abandoned).map_err(engine_failure)?;
+        Ok(LocalWriteAnswer {
+            seq: meta.seq,
+            bytes: meta.bytes,
+            dirty: meta.dirty,
+        })
     }
 
     /// A WRITE_MEMORY: the owning shard reads the bytes from the client's own memory (see
@@ -618,39 +641,13 @@ impl LocalConnection {
                 }
             }
         }
-        self.store(stream, key, Arc::new(source), request.condition)
-    }
-
-    /// Store `source` as `key` if it is as `condition` requires, waiting for the put here while
-    /// watching the socket (a client that goes away abandons its put).
-    fn store(
-        &self,
-        stream: &UnixStream,
-        key: ObjectKey,
-        source: Arc<dyn SharedSource>,
-        condition: LocalCondition,
-    ) -> Result<LocalWriteAnswer, (Status, String)> {
-        let precondition = match condition {
-            LocalCondition::None => Precondition::Any,
-            LocalCondition::Absent => Precondition::Absent,
-            LocalCondition::Version(seq) => Precondition::Version(seq),
-        };
-        let abandoned = Arc::new(AtomicBool::new(false));
-        let length = source.len();
-        let put = self.engine.put_shared(
+        process_memory::store(
+            &self.engine,
+            stream,
             key,
             source,
-            abandoned.clone(),
-            length,
-            precondition,
-            &Attributes::default(),
-        );
-        let meta = block_on_watching(put, stream, &abandoned).map_err(engine_failure)?;
-        Ok(LocalWriteAnswer {
-            seq: meta.seq,
-            bytes: meta.bytes,
-            dirty: meta.dirty,
-        })
+            precondition_of(request.condition),
+        )
     }
 
     /// Every item of a READ, concurrently on the shards that own them; per-item results.

@@ -60,6 +60,9 @@ pub static LOCAL_REGION_BYTES: AtomicU64 = AtomicU64::new(0);
 pub static LOCAL_REGIONS_REGISTERED: AtomicU64 = AtomicU64::new(0);
 /// Same-host connections open now.
 pub static LOCAL_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+/// Object bytes same-host clients wrote from their own memory (WRITE_MEMORY), read with
+/// process_vm_readv; a counter.
+pub static LOCAL_MEMORY_WRITE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Count `copied` bytes copied by the CPU to deliver `delivered` bytes on `path`.
 pub(crate) fn count_copies(path: usize, copied: u64, delivered: u64) {
@@ -577,6 +580,15 @@ fn encode_local(encoder: &mut DescriptorEncoder) -> fmt::Result {
             value.load(Ordering::Relaxed),
         )?;
     }
+    single(
+        encoder,
+        (
+            "hydrant_local_memory_write_bytes",
+            MetricType::Counter,
+            "Object bytes same-host clients wrote from their own memory (read from their process, then copied once more on the shard).",
+        ),
+        LOCAL_MEMORY_WRITE_BYTES.load(Ordering::Relaxed),
+    )?;
     Ok(())
 }
 

@@ -122,31 +122,3 @@ impl ExternalBuf {
         self.address as *mut u8
     }
 }
-
-/// Memory outside the engine that a put copies its bytes from (`EngineHandle::put_shared`): a
-/// region shared with a client, or another process's memory, which the server reads for it.
-pub trait SharedSource: Send + Sync + 'static {
-    /// Its bytes.
-    fn len(&self) -> u64;
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Copy bytes `start..start + into.len()` of it into `into`; a failure (memory that cannot
-    /// be read) fails the put, which then stores nothing.
-    fn copy_to(&self, start: u64, into: &mut [u8]) -> crate::error::Result<()>;
-}
-
-impl SharedSource for ExternalBuf {
-    fn len(&self) -> u64 {
-        self.length as u64
-    }
-
-    fn copy_to(&self, start: u64, into: &mut [u8]) -> crate::error::Result<()> {
-        self.with_bytes(start as usize, into.len(), |piece| {
-            into.copy_from_slice(piece)
-        });
-        Ok(())
-    }
-}

@@ -12,7 +12,7 @@ mod external;
 mod shared;
 
 pub use arena::{Arena, ArenaInfo, IoBuf};
-pub use external::{ExternalBuf, SharedSource};
+pub use external::ExternalBuf;
 pub use shared::{pooled, SharedBuf, SHARED_BUFFER_BYTES_MAX, SHARED_POOL_BYTES_MAX};
 
 /// Every buffer is aligned to, and sized in multiples of, this many bytes: the largest direct

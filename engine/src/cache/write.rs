@@ -22,10 +22,7 @@ pub enum PutSource<'a> {
     Streamed(&'a crate::rt::channel::Receiver<crate::store::StreamedChunk>),
     /// The whole object in memory shared with a client on this host, from its start, and the
     /// flag its connection sets when the client goes away (see `PutStream::write_shared`).
-    Shared(
-        Arc<dyn crate::buf::SharedSource>,
-        Arc<std::sync::atomic::AtomicBool>,
-    ),
+    Shared(crate::buf::ExternalBuf, Arc<std::sync::atomic::AtomicBool>),
 }
 
 impl Cache {
@@ -267,7 +264,7 @@ impl Cache {
         let chunks = match source {
             PutSource::Streamed(chunks) => chunks,
             PutSource::Shared(bytes, abandoned) => {
-                put.write_shared(&*bytes, &abandoned).await?;
+                put.write_shared(&bytes, &abandoned).await?;
                 return put.finish().await;
             }
         };

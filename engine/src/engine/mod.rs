@@ -5,6 +5,7 @@ use std::future::Future;
 use std::rc::Rc;
 
 use crate::attributes::Attributes;
+use crate::buf::ExternalBuf;
 use crate::cache::{Cache, CacheRead, Precondition, PutSource};
 use crate::device::{Device, DeviceConfig};
 use crate::format::{
@@ -264,14 +265,14 @@ impl EngineHandle {
     pub fn put_shared(
         &self,
         key: ObjectKey,
-        source: std::sync::Arc<dyn crate::buf::SharedSource>,
+        source: ExternalBuf,
         abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
         object_bytes: u64,
         precondition: Precondition,
         attributes: &Attributes,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send + 'static {
         let call = self.check_object_bytes(object_bytes).and_then(|()| {
-            if object_bytes > source.len() {
+            if object_bytes > source.len() as u64 {
                 return Err(Error::new(
                     ErrorKind::InvalidRange,
                     format!(

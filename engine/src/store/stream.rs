@@ -8,6 +8,7 @@
 use std::rc::Rc;
 
 use super::*;
+use crate::buf::ExternalBuf;
 
 /// Chunks of one same-host put (`PutStream::write_shared`) written at once; the shard's bound on
 /// streamed writes (`STREAMED_WRITES_MAX`) applies to them too.
@@ -168,9 +169,8 @@ impl PutStream {
         Ok(())
     }
 
-    /// Write every chunk still to come from `source`, memory outside the engine (shared with a
-    /// client on this host, or a client's own) that holds the object's bytes from its start, up
-    /// to `SHARED_WRITES_PER_PUT` chunks at
+    /// Write every chunk still to come from `source`, memory shared with a client on this host
+    /// that holds the object's bytes from its start, up to `SHARED_WRITES_PER_PUT` chunks at
     /// once. Each chunk is copied once into the arena and checksummed there, so that what
     /// reaches the device is exactly what its checksums say even if the client changes its
     /// memory meanwhile (such a client gets whichever bytes were there when its chunk was
@@ -180,11 +180,10 @@ impl PutStream {
     /// follows it: other keys' acknowledged writes. Returns once every chunk is written (not
     /// yet durable); on an error, only after every write in flight has ended. Once `abandoned`
     /// is set (the client went away), no further chunk is placed and the put ends in an error:
-    /// unless every chunk was already placed, nothing of it can become visible; so does a
-    /// chunk that cannot be copied.
+    /// unless every chunk was already placed, nothing of it can become visible.
     pub async fn write_shared(
         &mut self,
-        source: &dyn crate::buf::SharedSource,
+        source: &ExternalBuf,
         abandoned: &std::sync::atomic::AtomicBool,
     ) -> Result<()> {
         let store = self.store.clone();
@@ -231,10 +230,7 @@ impl PutStream {
             let mut buf = store.arena.allocate(entry_bytes as usize);
             buf.set_len(entry_bytes as usize);
             let data = &mut buf.as_mut_slice()[BLOCK_BYTES..];
-            if let Err(error) = source.copy_to(start as u64, &mut data[..length]) {
-                failure = Some(error);
-                break;
-            }
+            source.with_bytes(start, length, |piece| data[..length].copy_from_slice(piece));
             data[length..].fill(0);
             let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
             let mut header =
