@@ -1,9 +1,9 @@
 """Time a torch.distributed.checkpoint (DCP) save of a state dict of STATE_MIB until it returns.
 
-    python3 dcp_save_bench.py hydrant HOST:PORT hydrant://BUCKET/PREFIX STATE_MIB
-    python3 dcp_save_bench.py hydrant-local HOST:PORT hydrant://BUCKET/PREFIX STATE_MIB SOCKET
-    python3 dcp_save_bench.py s3torchconnector ENDPOINT_URL s3://BUCKET/PREFIX STATE_MIB
-    python3 dcp_save_bench.py boto3 ENDPOINT_URL s3://BUCKET/PREFIX STATE_MIB
+    python3 dcp_save_bench.py hydrant HOST:PORT hydrant://BUCKET/PREFIX STATE_MIB [- SAVES]
+    python3 dcp_save_bench.py hydrant-local HOST:PORT hydrant://BUCKET/PREFIX STATE_MIB SOCKET [SAVES]
+    python3 dcp_save_bench.py s3torchconnector ENDPOINT_URL s3://BUCKET/PREFIX STATE_MIB [- SAVES]
+    python3 dcp_save_bench.py boto3 ENDPOINT_URL s3://BUCKET/PREFIX STATE_MIB [- SAVES]
 
 `hydrant`: hydrant.torch.dcp.StorageWriter (returns once every object is on the node's NVMe).
 `hydrant-local`: the same, writing through the server's same-host socket SOCKET.
@@ -11,9 +11,9 @@
 `boto3`: DCP's own FileSystemWriter over a file system of boto3 calls, straight to the S3
 endpoint: each object is spooled and uploaded with boto3's transfer manager (multipart in 16 MiB
 parts, 4 at a time), `.metadata` written under a temporary name and copied into place as DCP
-does. All with 4 writer threads. The state dict is 64 tensors of float32 (random), saved twice
-by one process, under PREFIX/save-0 and PREFIX/save-1. Prints `first_seconds=S seconds=S
-bytes=B`: the first save's time and the second's.
+does. All with 4 writer threads. The state dict is 64 tensors of float32 (random), saved SAVES
+times (2 by default) by one process, under PREFIX/save-0, PREFIX/save-1, ... Prints
+`first_seconds=S seconds=S bytes=B`: the first save's time and the last's.
 """
 
 import contextlib
@@ -148,14 +148,15 @@ def main():
         sys.exit(f"unknown mode {mode}")
     # Two saves, as a training job saves again and again: the first pays what a process sets
     # up once (connections, and for the same-host socket its regions' memory).
+    saves = int(sys.argv[6]) if len(sys.argv) > 6 else 2
     times = []
-    for save in range(2):
+    for save in range(saves):
         started = time.monotonic()
         dcp.save(state, storage_writer=writer, checkpoint_id=f"{checkpoint}/save-{save}",
                  no_dist=True)
         times.append(time.monotonic() - started)
     size = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
-    print(f"first_seconds={times[0]:.3f} seconds={times[1]:.3f} bytes={size}")
+    print(f"first_seconds={times[0]:.3f} seconds={times[-1]:.3f} bytes={size}")
 
 
 if __name__ == "__main__":

@@ -169,14 +169,31 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
                     checkpoint.to_string(),
                     args.dcp_mib.to_string(),
                     socket.clone(),
+                    // One save per process: a second would wait for the first's upload to
+                    // moto, on the same two cores, and hold twice the bytes in moto's memory.
+                    "1".to_string(),
                 ],
                 &format!("the {mode} DCP save"),
                 "pip install torch boto3 ./python",
             )?
             .field("seconds")
         };
+        // Each save through hydrant starts once the one before it is at the origin, so that
+        // none is measured against another's upload.
+        let drain = || -> Result<(), String> {
+            let mut client = hydrant_client::Client::connect(
+                std::slice::from_ref(&address),
+                std::time::Duration::from_secs(30),
+            )
+            .map_err(|error| error.to_string())?;
+            client
+                .flush(Some("data"), "ckpt/", std::time::Duration::from_secs(3600))
+                .map_err(|error| format!("waiting for the checkpoints' upload: {error}"))
+        };
         let through = save("hydrant", &address, "hydrant://data/ckpt/step-1")?;
+        drain()?;
         let local = save("hydrant-local", &address, "hydrant://data/ckpt/step-2")?;
+        drain()?;
         let direct = save(
             "boto3",
             &origin_endpoint,
@@ -200,6 +217,9 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
                     target.to_string(),
                     args.dcp_mib.to_string(),
                     socket.clone(),
+                    // One save per process: a second would wait for the first's upload to
+                    // moto, on the same two cores, and hold twice the bytes in moto's memory.
+                    "1".to_string(),
                 ],
                 &format!("the {mode} torch.save"),
                 "pip install torch ./python",
@@ -208,6 +228,7 @@ pub fn torch(args: TorchArgs) -> Result<(), String> {
         };
         let local_file = args.dir.join("torch-save-bench.pt");
         let through = torch_save("hydrant", &address, "data/ckpt/torch-save.pt")?;
+        drain()?;
         let same_host = torch_save("hydrant-local", &address, "data/ckpt/torch-save-2.pt")?;
         let local = torch_save("file", "-", &local_file.display().to_string())?;
         let _ = std::fs::remove_file(&local_file);
