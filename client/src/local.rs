@@ -329,8 +329,9 @@ impl LocalClient {
     }
 
     /// Store the concatenation of `parts`, bytes of this process's own memory, as
-    /// `bucket/key`, as `write_from` does but with no region: the shard that owns the key reads
-    /// them from this process (`process_vm_readv`) into its own buffers, once. The kernel's
+    /// `bucket/key`, as `write_from` does but with no region: the server reads them from this
+    /// process (`process_vm_readv`) on its thread for this connection and streams them to the
+    /// shard that owns the key. The kernel's
     /// ptrace rules decide whether the server may (a server of the same user or root may, and
     /// this client names the server as its tracer for Yama's `ptrace_scope` 1); where it may
     /// not, the answer is an UNSUPPORTED status and `write_from` is the way. Leave the bytes as

@@ -326,9 +326,9 @@ class _LocalWrites:
     """A client's writes through its server's same-host socket: from the writer's memory
     (WRITE_MEMORY) while the server may read this process, else through a region. Each write
     takes a writer (a connection, and a region grown to the object's size up to ``bytes_max``
-    where one is needed) from the idle ones or makes one, and gives it back after; up to ``idle_bytes_max`` of regions stay between
-    writes, so that a process that saves again finds its memory ready (a new region's pages
-    cost more to fault in than to fill)."""
+    where one is needed) from the idle ones or makes one, and gives it back after; up to
+    ``idle_bytes_max`` of regions stay between writes, so that a process that saves again finds
+    its memory ready (a new region's pages cost more to fault in than to fill)."""
 
     def __init__(self, socket_path: str, required: bool, bytes_max: int, idle_bytes_max: int,
                  retries: int, backoff: Tuple[float, float], deadline: float):
@@ -490,11 +490,11 @@ class Client:
     With it, ``put`` of bytes, buffers and lists of them from ``LOCAL_WRITE_BYTES_MIN`` bytes
     lets the server read them from where they lie in this process (:meth:`LocalClient.write`);
     where the kernel does not let it, and for files, those up to ``local_write_bytes_max`` are
-    copied once into a region shared with the server, which stores them from there. No
-    bytes cross a socket. Regions of up to ``local_write_idle_bytes_max`` bytes in all are kept
-    between writes for the next ones. It
-    needs exactly one server, the one that socket belongs to. A socket given here that cannot be reached is an error; one from
-    the environment that cannot be reached is passed over (TCP is used).
+    copied once into a region shared with the server, which stores them from there. No bytes
+    cross a socket. Regions of up to ``local_write_idle_bytes_max`` bytes in all are kept
+    between writes for the next ones. It needs exactly one server, the one that socket belongs
+    to. A socket given here that cannot be reached is an error; one from the environment that
+    cannot be reached is passed over (TCP is used).
     """
 
     def __init__(
@@ -616,13 +616,8 @@ class Client:
         if isinstance(data, (list, tuple)):
             # Each part sent from where it lies: bytes as they are, other buffers (tensors,
             # arrays, memoryviews) by address, held exported until the PUT ends.
-            held = [part if isinstance(part, bytes) else _Memory(part, writable=False) for part in data]
+            parts, held, _ = _parts_of(data)
             try:
-                parts = [
-                    part if isinstance(part, bytes) else part.copy if part.copy is not None
-                    else (part.address, part.size)
-                    for part in held
-                ]
                 return ObjectInfo(*self._native.put_parts(bucket, key, parts))
             finally:
                 held.clear()  # the exports end here, even when the PUT failed

@@ -560,13 +560,8 @@ impl NativeLocal {
         let results = py
             .detach(|| {
                 let mut client = self.locked_client()?;
-                let mut held = region.region.lock().map_err(lock_error)?;
-                let freed = region.freed.load(std::sync::atomic::Ordering::Relaxed);
-                let region = held
-                    .as_mut()
-                    .filter(|_| !freed)
-                    .ok_or_else(|| ClientError::Usage("the region was freed".into()))?;
-                client.read_batch(region, &items)
+                let mut held = region.held()?;
+                client.read_batch(held.as_mut().expect("held"), &items)
             })
             .map_err(|error| python_error(py, error))?;
         results

@@ -174,9 +174,7 @@ fn accept_loop(
                     engine,
                     regions: HashMap::new(),
                     next_region: 0,
-                    writer: Writer::open(&stream)
-                        .map(Arc::new)
-                        .map_err(|error| error.to_string()),
+                    writer: Writer::open(&stream).map_err(|error| error.to_string()),
                 };
                 if let Err(error) = connection.serve(&stream) {
                     log::debug!("local connection of pid {pid} closed: {error}");
@@ -358,7 +356,7 @@ struct LocalConnection {
     regions: HashMap<u32, Arc<Region>>,
     next_region: u32,
     /// The client's process, for WRITE_MEMORY (or why it could not be held).
-    writer: Result<Arc<Writer>, String>,
+    writer: Result<Writer, String>,
 }
 
 impl LocalConnection {
@@ -602,14 +600,14 @@ impl LocalConnection {
         })
     }
 
-    /// A WRITE_MEMORY: the owning shard reads the bytes from the client's own memory (see
-    /// `process_memory`); answered as a WRITE is.
+    /// A WRITE_MEMORY: this thread reads the bytes from the client's own memory and streams
+    /// them to the owning shard (see `process_memory`); answered as a WRITE is.
     fn write_memory(
         &self,
         stream: &UnixStream,
         request: LocalWriteMemory,
     ) -> Result<LocalWriteAnswer, (Status, String)> {
-        let writer = self.writer.clone().map_err(|why| {
+        let writer = self.writer.as_ref().map_err(|why| {
             (
                 Status::Unsupported,
                 format!(
@@ -618,7 +616,7 @@ impl LocalConnection {
             )
         })?;
         let key = ObjectKey::new(&request.bucket, &request.key).map_err(engine_failure)?;
-        let source = ProcessMemory::new(writer.clone(), &request.parts)
+        let source = ProcessMemory::new(writer, &request.parts)
             .map_err(|why| (Status::InvalidRange, why))?;
         if let Some(address) = source.first_address() {
             // Whether this server may read the writer at all, before anything is placed.

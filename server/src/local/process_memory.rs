@@ -10,10 +10,9 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use hydrant_engine::store::ObjectKey;
-use hydrant_engine::{Attributes, EngineHandle, Error, ErrorKind, Precondition, Result};
+use hydrant_engine::{Attributes, EngineHandle, Precondition};
 use hydrant_proto::local::LocalWriteAnswer;
 use hydrant_proto::Status;
 use nix::errno::Errno;
@@ -21,6 +20,9 @@ use nix::sys::uio::{process_vm_readv, RemoteIoVec};
 use nix::unistd::Pid;
 
 use crate::connection::requests::engine_failure;
+
+/// A refusal as the connection answers it.
+type Refusal = (Status, String);
 
 /// Pieces one `process_vm_readv` takes at most (the kernel's IOV_MAX).
 const IOVECS_PER_READ_MAX: usize = 1024;
@@ -77,7 +79,7 @@ impl Writer {
     }
 
     /// Copy `remote` (addresses in the writer) into `into`, whole or not at all.
-    fn read(&self, remote: &[RemoteIoVec], into: &mut [u8]) -> Result<()> {
+    fn read(&self, remote: &[RemoteIoVec], into: &mut [u8]) -> Result<(), Refusal> {
         let mut done = 0;
         for batch in remote.chunks(IOVECS_PER_READ_MAX) {
             let want: usize = batch.iter().map(|piece| piece.len).sum();
@@ -89,8 +91,8 @@ impl Writer {
             )
             .map_err(|errno| refusal(errno, batch))?;
             if read != want {
-                return Err(Error::new(
-                    ErrorKind::InvalidRange,
+                return Err((
+                    Status::InvalidRange,
                     format!(
                         "only {read} of {want} bytes of the writer's memory could be read: a part \
                          is not mapped in its process"
@@ -100,16 +102,16 @@ impl Writer {
             done += want;
         }
         if self.exited() {
-            return Err(Error::new(
-                ErrorKind::Io,
-                "the writer's process exited during its write; nothing was stored",
+            return Err((
+                Status::Internal,
+                "the writer's process exited during its write; nothing was stored".into(),
             ));
         }
         Ok(())
     }
 
     /// Read one byte of `address`: whether the server may read this writer at all.
-    pub(super) fn probe(&self, address: u64) -> std::result::Result<(), Errno> {
+    pub(super) fn probe(&self, address: u64) -> Result<(), Errno> {
         let mut byte = [0u8; 1];
         let remote = [RemoteIoVec {
             base: address as usize,
@@ -134,44 +136,31 @@ fn pid_of(pidfd: &OwnedFd) -> std::io::Result<i32> {
         .ok_or_else(|| std::io::Error::other("the writer's process has already exited"))
 }
 
-fn refusal(errno: Errno, batch: &[RemoteIoVec]) -> Error {
+/// How a failed read of the writer's memory from `batch` is answered.
+fn refusal(errno: Errno, batch: &[RemoteIoVec]) -> Refusal {
     let first = batch.first().map(|piece| piece.base).unwrap_or(0);
-    let kind = match errno {
-        Errno::EFAULT => ErrorKind::InvalidRange,
-        Errno::EPERM | Errno::EACCES => ErrorKind::ReadOnly, // mapped to UNSUPPORTED below
-        _ => ErrorKind::Io,
-    };
-    Error::new(
-        kind,
-        format!("the writer's memory from {first:#x} cannot be read: {errno}"),
-    )
-}
-
-/// The status a failed read of the writer's memory is answered with.
-fn read_failure(error: Error) -> (Status, String) {
-    match error.kind() {
-        ErrorKind::ReadOnly => (
+    let message = format!("the writer's memory from {first:#x} cannot be read: {errno}");
+    match errno {
+        Errno::EFAULT => (Status::InvalidRange, message),
+        Errno::EPERM | Errno::EACCES => (
             Status::Unsupported,
-            format!("{error} (the kernel's ptrace rules decide): write from a region"),
+            format!("{message} (the kernel's ptrace rules decide): write from a region"),
         ),
-        _ => engine_failure(error),
+        _ => (Status::Internal, message),
     }
 }
 
 /// The bytes of one WRITE_MEMORY: parts of the writer's memory, one after another.
-pub(super) struct ProcessMemory {
-    writer: Arc<Writer>,
+pub(super) struct ProcessMemory<'a> {
+    writer: &'a Writer,
     /// (address in the writer, length, offset in the object) of each part.
     parts: Vec<(u64, u64, u64)>,
     length: u64,
 }
 
-impl ProcessMemory {
+impl<'a> ProcessMemory<'a> {
     /// The parts, or why they do not make an object (addresses that wrap around).
-    pub(super) fn new(
-        writer: Arc<Writer>,
-        parts: &[(u64, u64)],
-    ) -> std::result::Result<ProcessMemory, String> {
+    pub(super) fn new(writer: &'a Writer, parts: &[(u64, u64)]) -> Result<Self, String> {
         let mut placed = Vec::with_capacity(parts.len());
         let mut length = 0u64;
         for &(address, bytes) in parts {
@@ -202,16 +191,14 @@ impl ProcessMemory {
     pub(super) fn first_address(&self) -> Option<u64> {
         self.parts.first().map(|&(address, _, _)| address)
     }
-}
 
-impl ProcessMemory {
     /// Its bytes.
     pub(super) fn len(&self) -> u64 {
         self.length
     }
 
     /// Copy bytes `start..start + into.len()` of it into `into`, whole or not at all.
-    fn copy_to(&self, start: u64, into: &mut [u8]) -> Result<()> {
+    fn copy_to(&self, start: u64, into: &mut [u8]) -> Result<(), Refusal> {
         let end = start + into.len() as u64;
         let first = self
             .parts
@@ -241,15 +228,15 @@ pub(super) fn store(
     engine: &EngineHandle,
     stream: &UnixStream,
     key: ObjectKey,
-    source: ProcessMemory,
+    source: ProcessMemory<'_>,
     precondition: Precondition,
-) -> std::result::Result<LocalWriteAnswer, (Status, String)> {
+) -> Result<LocalWriteAnswer, Refusal> {
     let length = source.len();
     let chunk_bytes = engine.chunk_bytes();
     let (sink, done) = engine
         .put_stream_key(key, length, precondition, &Attributes::default())
         .map_err(engine_failure)?;
-    let abandoned = Arc::new(AtomicBool::new(false));
+    let abandoned = AtomicBool::new(false);
     let mut failure = None;
     let fill = async {
         // Every chunk, each exactly `chunk_bytes` but the last: an empty object is one empty
@@ -273,8 +260,8 @@ pub(super) fn store(
             // and the length is set only after a read that filled it.
             let into =
                 unsafe { std::slice::from_raw_parts_mut(room.as_mut_ptr().cast::<u8>(), want) };
-            if let Err(error) = source.copy_to(sent, into) {
-                failure = Some(read_failure(error));
+            if let Err(refusal) = source.copy_to(sent, into) {
+                failure = Some(refusal);
                 break;
             }
             // SAFETY: the read above filled `want` bytes.
