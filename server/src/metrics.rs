@@ -671,6 +671,15 @@ fn encode_s3(encoder: &mut DescriptorEncoder, s3: &crate::s3::S3Snapshot) -> fmt
             "S3 connections closed on arrival because the endpoint served its most at once.",
         ),
         s3.refused_connections,
+    )?;
+    single(
+        encoder,
+        (
+            "hydrant_s3_plain_gets",
+            MetricType::Counter,
+            "GetObjects of a whole object or one range by an anonymous loopback client, answered without the S3 library's generic routing (counted among hydrant_s3_requests too).",
+        ),
+        s3.plain_gets,
     )
 }
 
@@ -900,6 +909,7 @@ mod tests {
                 answers: [14, 0, 1, 0],
                 connections: 2,
                 refused_connections: 0,
+                plain_gets: 10,
             }),
         }
     }
@@ -928,6 +938,7 @@ mod tests {
             "hydrant_s3_requests_total{operation=\"UploadPart\"} 3",
             "hydrant_s3_answers_total{status=\"4xx\"} 1",
             "hydrant_s3_connections_total 2",
+            "hydrant_s3_plain_gets_total 10",
         ] {
             assert!(lines.contains(&expected), "{expected}\n{text}");
         }

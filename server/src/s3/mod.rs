@@ -11,6 +11,8 @@
 //! - `auth`: keys from `--s3-credentials` and what each may read or write; without keys,
 //!   anonymous requests from loopback only.
 //! - `objects`: GET, HEAD, PUT, DELETE, COPY of objects.
+//! - `plain_get`: the GETs of a whole object or a range by an anonymous loopback client (what
+//!   data loaders send), answered without s3s's generic routing.
 //! - `body`: a request's body as it arrives, and the checks of its checksums.
 //! - `multipart`: multipart uploads, their parts staged on NVMe until the upload completes.
 //! - `buckets`: the bucket operations and the listings.
@@ -24,6 +26,7 @@ mod chunked;
 mod errors;
 mod multipart;
 mod objects;
+mod plain_get;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -97,6 +100,8 @@ pub struct S3Counters {
     answers: [AtomicU64; 4],
     refused_connections: AtomicU64,
     connections: AtomicU64,
+    /// GetObjects answered by `plain_get` (counted among `operations` too).
+    plain_gets: AtomicU64,
 }
 
 /// What the metrics show of the S3 endpoint.
@@ -108,6 +113,8 @@ pub struct S3Snapshot {
     pub answers: [u64; 4],
     pub connections: u64,
     pub refused_connections: u64,
+    /// GetObjects answered without s3s's routing (see `plain_get`).
+    pub plain_gets: u64,
 }
 
 /// The status classes of `S3Counters::answers`, as the metrics label them.
@@ -121,6 +128,7 @@ impl S3Counters {
             answers: [const { AtomicU64::new(0) }; 4],
             refused_connections: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            plain_gets: AtomicU64::new(0),
         }
     }
 
@@ -148,6 +156,7 @@ impl S3Counters {
             answers: std::array::from_fn(|class| self.answers[class].load(Ordering::Relaxed)),
             connections: self.connections.load(Ordering::Relaxed),
             refused_connections: self.refused_connections.load(Ordering::Relaxed),
+            plain_gets: self.plain_gets.load(Ordering::Relaxed),
         })
     }
 }
@@ -206,6 +215,11 @@ impl S3Endpoint {
             .map_err(|error| format!("cannot start the S3 endpoint's threads: {error}"))?;
         S3_COUNTERS.started.store(true, Ordering::Relaxed);
         let service = build_service(&config, engine.clone());
+        let gateway = objects::Gateway::new(
+            engine.clone(),
+            config.credentials.clone(),
+            config.upload_expiry,
+        );
         let sweeper = config
             .upload_expiry
             .map(|expiry| objects::Gateway::new(engine, config.credentials.clone(), Some(expiry)));
@@ -223,7 +237,7 @@ impl S3Endpoint {
                         spawn(async move { sweeper.expire_uploads_forever().await });
                     }
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => accept(listener, service, stopped, open).await,
+                        Ok(listener) => accept(listener, service, gateway, stopped, open).await,
                         Err(error) => log::error!("the S3 endpoint cannot listen: {error}"),
                     }
                 });
@@ -284,6 +298,7 @@ fn build_service(config: &S3Config, engine: EngineHandle) -> s3s::service::S3Ser
 async fn accept(
     listener: tokio::net::TcpListener,
     service: s3s::service::S3Service,
+    gateway: objects::Gateway,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     open: bool,
 ) {
@@ -311,14 +326,23 @@ async fn accept(
         S3_COUNTERS.connections.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let service = service.clone();
+        let gateway = gateway.clone();
         spawn(async move {
             let handler = hyper::service::service_fn(move |request| {
                 let service = service.clone();
+                let gateway = gateway.clone();
                 async move {
                     let request = prepare(request, peer, open);
                     let range = request.headers().get(hyper::header::RANGE).cloned();
                     let has_body = has_body(request.headers());
-                    let mut answer = hyper::service::Service::call(&service, request).await;
+                    let plain = match plain_get::plain_get_of(&request, open, peer) {
+                        Some(input) => plain_get::answer(&gateway, input).await,
+                        None => None,
+                    };
+                    let mut answer = match plain {
+                        Some(answer) => Ok(answer),
+                        None => hyper::service::Service::call(&service, request).await,
+                    };
                     if let Ok(answer) = &mut answer {
                         S3_COUNTERS.count_answer(answer.status());
                         with_object_size(answer, range);

@@ -534,29 +534,10 @@ impl Gateway {
             attributes,
         })
     }
-}
 
-fn long(bytes: u64) -> s3s::S3Error {
-    s3_error!(
-        InvalidRequest,
-        "the body is longer than the {bytes} bytes it announced"
-    )
-}
-
-fn no_such_key(bucket: &str, key: &str) -> s3s::S3Error {
-    s3_error!(
-        NoSuchKey,
-        "{bucket}/{key} is neither here nor at its origin"
-    )
-}
-
-#[async_trait::async_trait]
-impl S3 for Gateway {
-    async fn get_object(
-        &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
-        let input = req.input;
+    /// GetObject: the answer to `input`, its body read as it is sent. Both doors to GetObject
+    /// come here: s3s's operation, and the plain GETs `plain_get` answers itself.
+    pub(super) async fn get(&self, input: GetObjectInput) -> S3Result<GetObjectOutput> {
         if input.part_number.is_some_and(|part| part != 1) {
             return Err(s3_error!(
                 InvalidArgument,
@@ -628,7 +609,31 @@ impl S3 for Gateway {
         if input.response_expires.is_some() {
             output.expires = input.response_expires;
         }
-        Ok(S3Response::new(output))
+        Ok(output)
+    }
+}
+
+fn long(bytes: u64) -> s3s::S3Error {
+    s3_error!(
+        InvalidRequest,
+        "the body is longer than the {bytes} bytes it announced"
+    )
+}
+
+fn no_such_key(bucket: &str, key: &str) -> s3s::S3Error {
+    s3_error!(
+        NoSuchKey,
+        "{bucket}/{key} is neither here nor at its origin"
+    )
+}
+
+#[async_trait::async_trait]
+impl S3 for Gateway {
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        Ok(S3Response::new(self.get(req.input).await?))
     }
 
     async fn head_object(
