@@ -121,6 +121,11 @@ fn plain_gets_answer_as_s3s_does() {
         ("/plain/dir/a%20b+c", None),
         ("/plain/missing", None),
         ("/other-bucket/missing", None),
+        // Names that try to leave their bucket or that the grammar refuses.
+        ("/plain/../plain/dressed", None),
+        ("/plain/./dressed", None),
+        ("/plain//dressed", None),
+        ("/Bad_Bucket/dressed", None),
     ];
     let plain_before = server.metric("hydrant_s3_plain_gets_total");
     for (path, range) in gets {
@@ -158,10 +163,11 @@ fn plain_gets_answer_as_s3s_does() {
     assert_eq!(unsatisfiable.status, 416);
     assert!(String::from_utf8_lossy(&unsatisfiable.body)
         .contains("<ActualObjectSize>5000</ActualObjectSize>"));
-    // Which way each went: the plain ones (but the name with a space, which needs decoding)
-    // and the three checks above on the plain path, the rest through the library.
+    // Which way each went: the plain ones (but the name with a space, which needs decoding,
+    // and the bucket name s3s refuses before any operation) and the four checks above on the
+    // plain path, the rest through the library.
     let plain = server.metric("hydrant_s3_plain_gets_total") - plain_before;
-    assert_eq!(plain, gets.len() as u64 - 1 + 4);
+    assert_eq!(plain, gets.len() as u64 - 2 + 4);
 }
 
 /// A request's headers, (name, value).
