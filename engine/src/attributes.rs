@@ -1,6 +1,7 @@
 //! What a writer says of an object beside its bytes and wants answered with it: the headers S3
 //! keeps with an object (Content-Type, Content-Encoding, Content-Disposition, Content-Language,
-//! Cache-Control, Expires) and user metadata (`x-amz-meta-*`).
+//! Cache-Control, Expires), user metadata (`x-amz-meta-*`), and the whole object's checksum
+//! the writer sent and the S3 endpoint verified.
 //!
 //! They are kept in the entry header of the version's first chunk, not in the index (which
 //! holds one flag bit saying there are some), so an object without them costs nothing more, and
@@ -9,8 +10,10 @@
 //! (`ATTRIBUTES_BYTES_MAX`); with smaller checksum pieces a long key leaves less, and a put
 //! whose attributes do not fit is refused before anything is written.
 //!
-//! Encoded as a version byte, then items of a tag byte, (for user metadata) a name of at most
-//! 255 bytes after its length byte, and a value after its little-endian u16 length.
+//! Encoded as a version byte, then items of a tag byte, (for user metadata and the checksum) a
+//! name of at most 255 bytes after its length byte, and a value after its little-endian u16
+//! length. A build that does not know a tag refuses the encoding (the checksum's tag is newer
+//! than the others: an older build answers such a version's attributes as damaged).
 
 use crate::{Error, ErrorKind, Result};
 
@@ -27,6 +30,7 @@ const TAG_CONTENT_DISPOSITION: u8 = 3;
 const TAG_CONTENT_LANGUAGE: u8 = 4;
 const TAG_CACHE_CONTROL: u8 = 5;
 const TAG_EXPIRES: u8 = 6;
+const TAG_CHECKSUM: u8 = 7;
 const TAG_METADATA: u8 = 16;
 
 /// An object's attributes; the default is none.
@@ -41,6 +45,10 @@ pub struct Attributes {
     pub expires: Option<String>,
     /// User metadata: names (without `x-amz-meta-`, lowercase) and values, sorted by name.
     pub metadata: Vec<(String, String)>,
+    /// The whole object's checksum as its writer sent it and the S3 endpoint verified it: the
+    /// algorithm as S3 names it (`CRC32`, `CRC32C`, `CRC64NVME`, `SHA1`, `SHA256`) and the
+    /// value as S3 writes it (base64).
+    pub checksum: Option<(String, String)>,
 }
 
 impl Attributes {
@@ -91,7 +99,12 @@ impl Attributes {
                 value(&mut out, text)?;
             }
         }
-        for (name, text) in &self.metadata {
+        let named = self
+            .metadata
+            .iter()
+            .map(|item| (TAG_METADATA, item))
+            .chain(self.checksum.iter().map(|item| (TAG_CHECKSUM, item)));
+        for (tag, (name, text)) in named {
             let name_len = u8::try_from(name.len()).map_err(|_| {
                 too_large(format!(
                     "a metadata name is at most 255 bytes; {} has {}",
@@ -99,7 +112,7 @@ impl Attributes {
                     name.len()
                 ))
             })?;
-            out.push(TAG_METADATA);
+            out.push(tag);
             out.push(name_len);
             out.extend_from_slice(name.as_bytes());
             value(&mut out, text)?;
@@ -142,11 +155,15 @@ impl Attributes {
                 TAG_CONTENT_LANGUAGE => &mut attributes.content_language,
                 TAG_CACHE_CONTROL => &mut attributes.cache_control,
                 TAG_EXPIRES => &mut attributes.expires,
-                TAG_METADATA => {
+                TAG_METADATA | TAG_CHECKSUM => {
                     let name_len = *take(&mut rest, 1)?.first()? as usize;
                     let name = String::from_utf8(take(&mut rest, name_len)?.to_vec()).ok()?;
                     let value = text(&mut rest)?;
-                    attributes.metadata.push((name, value));
+                    if tag == TAG_METADATA {
+                        attributes.metadata.push((name, value));
+                    } else {
+                        attributes.checksum = Some((name, value));
+                    }
                     continue;
                 }
                 _ => return None,
@@ -188,6 +205,7 @@ impl AttributesCache {
             + attributes
                 .metadata
                 .iter()
+                .chain(&attributes.checksum)
                 .map(|(name, value)| name.len() + value.len() + 48)
                 .sum::<usize>();
         strings + std::mem::size_of::<Attributes>() + 64
@@ -236,6 +254,7 @@ mod tests {
                 ("epoch".into(), "3".into()),
                 ("written-by".into(), "rank 0 ünïcode".into()),
             ],
+            checksum: Some(("CRC32C".into(), "yZRlqg==".into())),
         }
     }
 

@@ -58,6 +58,19 @@ fn boto3_sees_md5_etags_and_write_times_that_survive_a_crash() {
     );
 }
 
+/// The checksums boto3 sends with its PUTs come back on GET and HEAD when it asks (and boto3
+/// checks them against the bytes), the same after the server is killed and started again.
+#[test]
+fn boto3_gets_back_the_checksums_it_sent() {
+    let scratch = Scratch::new("s3-checksums");
+    let mut server =
+        ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    run_script_with("boto3_checksums.py", &["write", &server.s3_endpoint()]);
+    server.kill();
+    let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    run_script_with("boto3_checksums.py", &["check", &server.s3_endpoint()]);
+}
+
 /// s3torchconnector (the AWS connector for PyTorch, on the CRT), unchanged: its map and
 /// iterable datasets over 1,000 objects, a DataLoader with workers, and S3Checkpoint.
 #[test]

@@ -10,7 +10,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{object_bytes, Scratch, ServerProcess};
+use common::{aws_chunked, crc32c_base64, object_bytes, Scratch, ServerProcess};
 use hydrant_proto::message::Message;
 
 /// The bucket the tests write to (every valid name is a bucket of the default origin).
@@ -1222,23 +1222,6 @@ fn an_abandoned_multipart_upload_expires_and_its_parts_are_freed() {
     assert_eq!(completed.error_code().as_deref(), Some("NoSuchUpload"));
     assert_absent(&address, "abandoned", "an expired upload");
     assert_serves(&address, "an expired upload");
-}
-
-/// `data` as an unsigned `aws-chunked` body: `piece` bytes a chunk, then the trailer
-/// `x-amz-checksum-crc32c` with `checksum`.
-fn aws_chunked(data: &[u8], piece: usize, checksum: &str) -> Vec<u8> {
-    let mut framed = Vec::new();
-    for part in data.chunks(piece) {
-        framed.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
-        framed.extend_from_slice(part);
-        framed.extend_from_slice(b"\r\n");
-    }
-    framed.extend_from_slice(format!("0\r\nx-amz-checksum-crc32c:{checksum}\r\n\r\n").as_bytes());
-    framed
-}
-
-fn crc32c_base64(data: &[u8]) -> String {
-    base64_simd::STANDARD.encode_to_string(crc32c::crc32c(data).to_be_bytes())
 }
 
 /// An unsigned aws-chunked PUT or UploadPart of `data` to `target`, whole.

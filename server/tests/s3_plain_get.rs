@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{object_bytes, Scratch, ServerProcess};
+use common::{aws_chunked, crc32c_base64, object_bytes, Scratch, ServerProcess};
 
 /// An HTTP answer: status, headers (names lowercase, sorted, Date left out) and body.
 #[derive(Debug, PartialEq)]
@@ -104,11 +104,40 @@ fn plain_gets_answer_as_s3s_does() {
     );
     let large = object_bytes(2, 9 << 20);
     put("/plain/large", &[], &large);
+    // Checksums given in a header (one object of one chunk, one of three) and in a trailer.
+    let summed = crc32c_base64(&small);
+    put(
+        "/plain/summed",
+        &[("x-amz-checksum-crc32c", &summed)],
+        &small,
+    );
+    let large_summed = crc32c_base64(&large);
+    put(
+        "/plain/large-summed",
+        &[("x-amz-checksum-crc32c", &large_summed)],
+        &large,
+    );
+    let trailed = aws_chunked(&small, 1000, &summed);
+    let decoded = small.len().to_string();
+    put(
+        "/plain/trailed",
+        &[
+            ("Content-Encoding", "aws-chunked"),
+            ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+            ("x-amz-trailer", "x-amz-checksum-crc32c"),
+            ("x-amz-decoded-content-length", &decoded),
+        ],
+        &trailed,
+    );
     put("/plain/empty", &[], b"");
     put("/plain/dir/a%20b+c", &[], &small);
 
     let gets: &[(&str, Option<&str>)] = &[
         ("/plain/dressed", None),
+        ("/plain/summed", None),
+        ("/plain/summed", Some("bytes=10-19")),
+        ("/plain/trailed", None),
+        ("/plain/large-summed", None),
         ("/plain/dressed", Some("bytes=10-19")),
         ("/plain/dressed", Some("bytes=-7")),
         ("/plain/dressed", Some("bytes=4990-")),
@@ -128,16 +157,65 @@ fn plain_gets_answer_as_s3s_does() {
         ("/Bad_Bucket/dressed", None),
     ];
     let plain_before = server.metric("hydrant_s3_plain_gets_total");
+    // Each GET with and without asking for the object's checksum.
     for (path, range) in gets {
-        let mut headers = Vec::new();
-        if let Some(range) = range {
-            headers.push(("Range", *range));
+        for checksum_mode in [None, Some("ENABLED")] {
+            let mut headers = Vec::new();
+            if let Some(range) = range {
+                headers.push(("Range", *range));
+            }
+            if let Some(mode) = checksum_mode {
+                headers.push(("x-amz-checksum-mode", mode));
+            }
+            let plain = exchange(&address, "GET", path, &headers, b"");
+            headers.push(("x-amz-request-payer", "requester"));
+            let routed = exchange(&address, "GET", path, &headers, b"");
+            assert_eq!(plain, routed, "GET {path} {range:?} {checksum_mode:?}");
         }
-        let plain = exchange(&address, "GET", path, &headers, b"");
-        headers.push(("x-amz-request-payer", "requester"));
-        let routed = exchange(&address, "GET", path, &headers, b"");
-        assert_eq!(plain, routed, "GET {path} {range:?}");
     }
+    // The checksum comes back for the whole object when asked, as it was sent (in a header
+    // or a trailer), and not for a range or when not asked.
+    let header = |answer: &Answer, name: &str| {
+        answer
+            .headers
+            .iter()
+            .find(|(found, _)| found == name)
+            .map(|(_, value)| value.clone())
+    };
+    let asked = [("x-amz-checksum-mode", "ENABLED")];
+    for (path, sum) in [
+        ("/plain/summed", &summed),
+        ("/plain/trailed", &summed),
+        ("/plain/large-summed", &large_summed),
+    ] {
+        let answer = exchange(&address, "GET", path, &asked, b"");
+        assert_eq!(
+            header(&answer, "x-amz-checksum-crc32c").as_ref(),
+            Some(sum),
+            "{path}"
+        );
+        assert_eq!(
+            header(&answer, "x-amz-checksum-type").as_deref(),
+            Some("FULL_OBJECT")
+        );
+        let head = exchange(&address, "HEAD", path, &asked, b"");
+        assert_eq!(
+            header(&head, "x-amz-checksum-crc32c").as_ref(),
+            Some(sum),
+            "HEAD {path}"
+        );
+        let unasked = exchange(&address, "GET", path, &[], b"");
+        assert_eq!(header(&unasked, "x-amz-checksum-crc32c"), None, "{path}");
+    }
+    let ranged = exchange(
+        &address,
+        "GET",
+        "/plain/summed",
+        &[asked[0], ("Range", "bytes=0-9")],
+        b"",
+    );
+    assert_eq!(header(&ranged, "x-amz-checksum-crc32c"), None);
+    let plain_before = plain_before + 3 + 3 + 1;
     // The bodies are the objects' bytes, and the errors what they should be.
     let whole = exchange(&address, "GET", "/plain/large", &[], b"");
     assert_eq!(whole.status, 200);
@@ -167,52 +245,5 @@ fn plain_gets_answer_as_s3s_does() {
     // and the bucket name s3s refuses before any operation) and the four checks above on the
     // plain path, the rest through the library.
     let plain = server.metric("hydrant_s3_plain_gets_total") - plain_before;
-    assert_eq!(plain, gets.len() as u64 - 2 + 4);
-}
-
-/// A request's headers, (name, value).
-type Headers<'a> = &'a [(&'a str, &'a str)];
-
-/// What takes the library's way: a query string, a condition, a signature, an unknown
-/// `x-amz-` header, a body. Each still gets GetObject's answer.
-#[test]
-fn gets_with_more_than_a_range_take_the_librarys_way() {
-    let scratch = Scratch::new("s3-plain-get-not");
-    let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
-    let endpoint = server.s3_endpoint();
-    let address = endpoint.trim_start_matches("http://").to_string();
-    assert_eq!(exchange(&address, "PUT", "/bkt", &[], b"").status, 200);
-    let bytes = object_bytes(3, 100);
-    assert_eq!(exchange(&address, "PUT", "/bkt/k", &[], &bytes).status, 200);
-    let etag = exchange(&address, "GET", "/bkt/k", &[], b"")
-        .headers
-        .into_iter()
-        .find(|(name, _)| name == "etag")
-        .unwrap()
-        .1;
-    let plain_before = server.metric("hydrant_s3_plain_gets_total");
-    let requests: &[(&str, Headers, u16)] = &[
-        ("/bkt/k?partNumber=1", &[], 200),
-        ("/bkt/k?response-content-type=text/plain", &[], 200),
-        ("/bkt/k", &[("If-None-Match", &etag)], 304),
-        ("/bkt/k", &[("If-Match", "\"nope\"")], 412),
-        (
-            "/bkt/k",
-            &[("x-amz-expected-bucket-owner", "123456789012")],
-            200,
-        ),
-        ("/bkt/%6b", &[], 200),
-    ];
-    for (path, headers, status) in requests {
-        let answer = exchange(&address, "GET", path, headers, b"");
-        assert_eq!(answer.status, *status, "GET {path} {headers:?}: {answer:?}");
-        if *status == 200 {
-            assert_eq!(answer.body, bytes, "GET {path} {headers:?}");
-        }
-    }
-    assert_eq!(
-        server.metric("hydrant_s3_plain_gets_total"),
-        plain_before,
-        "none of these is a plain GET"
-    );
+    assert_eq!(plain, 2 * (gets.len() as u64 - 2) + 4);
 }

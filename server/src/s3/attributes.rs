@@ -1,11 +1,13 @@
 //! An object's attributes as S3 speaks of them: the headers S3 keeps with an object
 //! (Content-Type, Content-Encoding, Content-Disposition, Content-Language, Cache-Control,
 //! Expires) and user metadata (`x-amz-meta-*`), taken from a PUT, a CreateMultipartUpload or a
-//! copy that replaces them, and answered by GET and HEAD. The engine keeps them with the version
-//! (see `hydrant_engine::Attributes`).
+//! copy that replaces them, and answered by GET and HEAD; and the whole object's checksum a PUT
+//! sent (verified before the version is installed), answered to a GET or HEAD of the whole
+//! object that asks for it (`x-amz-checksum-mode: ENABLED`). The engine keeps them with the
+//! version (see `hydrant_engine::Attributes`).
 
 use hydrant_engine::Attributes;
-use s3s::dto::{Metadata, Timestamp, TimestampFormat};
+use s3s::dto::{Checksum, ChecksumMode, ChecksumType, Metadata, Timestamp, TimestampFormat};
 use s3s::{s3_error, S3Result};
 
 /// The attributes named by a request's fields (every request that gives them has fields of
@@ -48,6 +50,65 @@ macro_rules! answer {
 }
 pub(super) use answer;
 
+/// Set a GET's or HEAD's checksum fields from `attributes` when `asked` (the request's
+/// `x-amz-checksum-mode: ENABLED`, for the whole object): `answer_checksum!(output, attributes,
+/// asked)`. Before `answer!`, which takes the attributes.
+macro_rules! answer_checksum {
+    ($output:expr, $attributes:expr, $asked:expr) => {{
+        if $asked {
+            if let Some((algorithm, value)) = &$attributes.checksum {
+                let field = match algorithm.as_str() {
+                    "CRC32" => &mut $output.checksum_crc32,
+                    "CRC32C" => &mut $output.checksum_crc32c,
+                    "CRC64NVME" => &mut $output.checksum_crc64nvme,
+                    "SHA1" => &mut $output.checksum_sha1,
+                    _ => &mut $output.checksum_sha256,
+                };
+                *field = Some(value.clone());
+                $output.checksum_type = Some($crate::s3::attributes::full_object());
+            }
+        }
+    }};
+}
+pub(super) use answer_checksum;
+
+/// The kind of checksum this endpoint keeps: of the whole object's bytes.
+pub(crate) fn full_object() -> ChecksumType {
+    ChecksumType::from_static(ChecksumType::FULL_OBJECT)
+}
+
+/// Whether a GET or HEAD asks for the object's checksum.
+pub(crate) fn checksum_asked(mode: Option<&ChecksumMode>) -> bool {
+    mode.is_some_and(|mode| mode.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
+}
+
+/// `attributes` with the whole object's checksum among `sums` (as S3 takes one checksum per
+/// PUT, the first given), where it fits beside them: an object whose headers and metadata fill
+/// the entry header's room for attributes is kept without it.
+pub(crate) fn with_checksum(attributes: Attributes, sums: &Checksum) -> Attributes {
+    let given = [
+        ("CRC32", &sums.checksum_crc32),
+        ("CRC32C", &sums.checksum_crc32c),
+        ("CRC64NVME", &sums.checksum_crc64nvme),
+        ("SHA1", &sums.checksum_sha1),
+        ("SHA256", &sums.checksum_sha256),
+    ]
+    .into_iter()
+    .find_map(|(algorithm, value)| Some((algorithm.to_string(), value.clone()?)));
+    let Some(checksum) = given else {
+        return attributes;
+    };
+    let kept = Attributes {
+        checksum: Some(checksum),
+        ..attributes.clone()
+    };
+    if kept.encode().is_ok() {
+        kept
+    } else {
+        attributes
+    }
+}
+
 pub(crate) struct Given<'a> {
     pub content_type: Option<&'a str>,
     pub content_encoding: Option<&'a str>,
@@ -78,6 +139,7 @@ impl Given<'_> {
             cache_control: owned(self.cache_control),
             expires: self.expires.map(http_date),
             metadata,
+            checksum: None,
         };
         attributes
             .encode()
@@ -157,5 +219,26 @@ mod tests {
         .attributes()
         .unwrap_err();
         assert_eq!(*error.code(), s3s::S3ErrorCode::MetadataTooLarge);
+    }
+
+    #[test]
+    fn a_checksum_is_kept_where_it_fits() {
+        let sums = Checksum {
+            checksum_sha256: Some("x".repeat(44)),
+            ..Default::default()
+        };
+        let kept = with_checksum(Attributes::default(), &sums);
+        assert_eq!(kept.checksum, Some(("SHA256".into(), "x".repeat(44))));
+        assert_eq!(
+            with_checksum(Attributes::default(), &Checksum::default()),
+            Attributes::default()
+        );
+        // Headers that fill the room: kept as they are, without the checksum.
+        let full = Attributes {
+            content_type: Some("t".repeat(hydrant_engine::ATTRIBUTES_BYTES_MAX - 4)),
+            ..Default::default()
+        };
+        assert!(full.encode().is_ok());
+        assert_eq!(with_checksum(full.clone(), &sums), full);
     }
 }

@@ -74,6 +74,12 @@ impl BodyCheck {
         })
     }
 
+    /// The checksums its sender gave in headers (one promised in a trailer is known only at
+    /// the body's end, in what `finish` verified).
+    pub(super) fn announced(&self) -> &Checksum {
+        &self.expected
+    }
+
     fn update(&mut self, data: &[u8]) {
         use s3s::crypto::Checksum as _;
         if let Some((md5, _)) = &mut self.md5 {

@@ -15,7 +15,7 @@ use hydrant_engine::{
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
-use super::attributes::{answer, given};
+use super::attributes::{answer, answer_checksum, checksum_asked, given, with_checksum};
 use super::auth::Credentials;
 use super::body::{
     announced_bytes, checksum_of, request_body, BodyCheck, Pieces, Trailers, Verified,
@@ -100,6 +100,10 @@ pub(super) struct Terms {
     pub md5: Option<Md5Tag>,
     /// Its Content-Type, user metadata and the rest (see `attributes`).
     pub attributes: Attributes,
+    /// Keep the whole object's checksum the sender gave with the version (a PUT's), where it
+    /// is known before the version's first chunk is written: given in a header, or in a
+    /// trailer of a body of one chunk.
+    pub keep_checksum: bool,
 }
 
 /// A version read for an answer: its metadata and attributes, the origin version tag of data
@@ -347,6 +351,7 @@ impl Gateway {
             precondition: Precondition::Any,
             md5,
             attributes: Attributes::default(),
+            keep_checksum: false,
         };
         self.store_if(key, bytes, body, check, trailers, terms)
             .await
@@ -369,7 +374,8 @@ impl Gateway {
         let Terms {
             precondition,
             md5,
-            attributes,
+            mut attributes,
+            keep_checksum,
         } = terms;
         let mut pieces = Pieces::new(body);
         let chunk_bytes = self.engine.chunk_bytes();
@@ -392,6 +398,9 @@ impl Gateway {
                 return Err(long(bytes));
             }
             let sums = check.finish(trailers)?;
+            if keep_checksum {
+                attributes = with_checksum(attributes, &sums.sums);
+            }
             let tag = md5.or(sums.md5.map(Md5Tag::whole));
             let data = std::mem::take(&mut room.data);
             let meta = self
@@ -401,6 +410,10 @@ impl Gateway {
                 .map_err(engine_error)?;
             drop(room);
             return Ok((meta, sums));
+        }
+        if keep_checksum {
+            // Verified before the last chunk goes, so before the version is visible.
+            attributes = with_checksum(attributes, check.announced());
         }
         let (sink, done) = self
             .engine
@@ -583,6 +596,12 @@ impl Gateway {
             parts_count: input.part_number.map(|_| 1),
             ..Default::default()
         };
+        let whole = range.is_none() && input.part_number.is_none();
+        answer_checksum!(
+            output,
+            attributes,
+            whole && checksum_asked(input.checksum_mode.as_ref())
+        );
         answer!(output, attributes);
         // The response-* parameters override what is kept, for this answer only.
         let overrides = [
@@ -669,6 +688,11 @@ impl S3 for Gateway {
             last_modified: Some(modified.unwrap_or_else(last_modified)),
             ..Default::default()
         };
+        answer_checksum!(
+            output,
+            attributes,
+            input.part_number.is_none() && checksum_asked(input.checksum_mode.as_ref())
+        );
         answer!(output, attributes);
         Ok(S3Response::new(output))
     }
@@ -737,6 +761,7 @@ impl S3 for Gateway {
                     precondition,
                     md5: None,
                     attributes,
+                    keep_checksum: true,
                 },
             )
             .await?;
@@ -847,6 +872,7 @@ impl S3 for Gateway {
             ));
         }
         let given = if replace { Some(given!(input)?) } else { None };
+        // The copy's bytes are the source's: so is its checksum, whichever attributes it takes.
         let Found {
             meta,
             tag,
@@ -862,10 +888,18 @@ impl S3 for Gateway {
         // The copy's ETag is the MD5 of its bytes, as a PUT's (S3's, for a copy of a
         // multipart object too).
         let check = BodyCheck::empty(Checksum::default()).with_md5();
+        let attributes = match given {
+            Some(given) => Attributes {
+                checksum: attributes.checksum,
+                ..given
+            },
+            None => attributes,
+        };
         let terms = Terms {
             precondition: Precondition::Any,
             md5: None,
-            attributes: given.unwrap_or(attributes),
+            attributes,
+            keep_checksum: false,
         };
         let (stored, _) = self
             .store_if(

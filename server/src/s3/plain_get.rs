@@ -15,20 +15,16 @@ use std::net::SocketAddr;
 
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Method, StatusCode};
-use s3s::dto::{GetObjectInput, GetObjectOutput, Range, Timestamp, TimestampFormat};
+use s3s::dto::{ChecksumMode, GetObjectInput, GetObjectOutput, Range, Timestamp, TimestampFormat};
 use s3s::path::S3Path;
 
 use super::objects::Gateway;
 use super::S3_COUNTERS;
 
 /// The `x-amz-` headers a plain GET may carry: what SDKs send with every request, and which
-/// GetObject (without keys, and as this gateway answers it) does not act on.
-const IGNORED_AMZ_HEADERS: &[&str] = &[
-    "x-amz-date",
-    "x-amz-user-agent",
-    "x-amz-security-token",
-    "x-amz-checksum-mode",
-];
+/// GetObject (without keys, and as this gateway answers it) does not act on. (It acts on
+/// `x-amz-checksum-mode`, which this path takes too.)
+const IGNORED_AMZ_HEADERS: &[&str] = &["x-amz-date", "x-amz-user-agent", "x-amz-security-token"];
 
 /// `x-amz-content-sha256` values of a GET without a body: the empty body's hash, or none.
 const EMPTY_PAYLOAD_HASHES: &[&str] = &[
@@ -54,6 +50,7 @@ pub(super) fn plain_get_of<B>(
         return None;
     }
     let mut range = None;
+    let mut checksum_mode = None;
     for (name, value) in request.headers() {
         let name = name.as_str();
         if name == header::RANGE {
@@ -67,6 +64,11 @@ pub(super) fn plain_get_of<B>(
             }
         } else if name == header::HOST {
             value.to_str().ok()?;
+        } else if name == "x-amz-checksum-mode" {
+            if checksum_mode.is_some() {
+                return None;
+            }
+            checksum_mode = Some(ChecksumMode::from(value.to_str().ok()?.to_string()));
         } else if name == "x-amz-content-sha256" {
             if !EMPTY_PAYLOAD_HASHES.contains(&value.to_str().ok()?) {
                 return None;
@@ -91,6 +93,7 @@ pub(super) fn plain_get_of<B>(
         bucket: bucket.into(),
         key: key.into(),
         range,
+        checksum_mode,
         ..Default::default()
     })
 }
@@ -128,6 +131,12 @@ fn written(output: GetObjectOutput) -> Option<s3s::HttpResponse> {
         last_modified,
         metadata,
         parts_count,
+        checksum_crc32,
+        checksum_crc32c,
+        checksum_crc64nvme,
+        checksum_sha1,
+        checksum_sha256,
+        checksum_type,
         ..
     } = output;
     if parts_count.is_some() {
@@ -156,6 +165,30 @@ fn written(output: GetObjectOutput) -> Option<s3s::HttpResponse> {
     for (name, value) in [
         (header::CONTENT_RANGE, content_range),
         (header::CONTENT_TYPE, content_type),
+        (
+            HeaderName::from_static("x-amz-checksum-crc32"),
+            checksum_crc32,
+        ),
+        (
+            HeaderName::from_static("x-amz-checksum-crc32c"),
+            checksum_crc32c,
+        ),
+        (
+            HeaderName::from_static("x-amz-checksum-crc64nvme"),
+            checksum_crc64nvme,
+        ),
+        (
+            HeaderName::from_static("x-amz-checksum-sha1"),
+            checksum_sha1,
+        ),
+        (
+            HeaderName::from_static("x-amz-checksum-sha256"),
+            checksum_sha256,
+        ),
+        (
+            HeaderName::from_static("x-amz-checksum-type"),
+            checksum_type.map(|kind| kind.as_str().to_string()),
+        ),
     ] {
         if let Some(value) = value {
             headers.insert(name, HeaderValue::try_from(value).ok()?);

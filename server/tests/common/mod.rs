@@ -542,3 +542,20 @@ pub fn wait_for_free_bytes(path: &Path, bytes: u64) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `data` as an unsigned `aws-chunked` body: `piece` bytes a chunk, then the trailer
+/// `x-amz-checksum-crc32c` with `checksum`.
+pub fn aws_chunked(data: &[u8], piece: usize, checksum: &str) -> Vec<u8> {
+    let mut framed = Vec::new();
+    for part in data.chunks(piece) {
+        framed.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        framed.extend_from_slice(part);
+        framed.extend_from_slice(b"\r\n");
+    }
+    framed.extend_from_slice(format!("0\r\nx-amz-checksum-crc32c:{checksum}\r\n\r\n").as_bytes());
+    framed
+}
+
+pub fn crc32c_base64(data: &[u8]) -> String {
+    base64_simd::STANDARD.encode_to_string(crc32c::crc32c(data).to_be_bytes())
+}

@@ -414,6 +414,7 @@ impl Gateway {
                 precondition: Precondition::Any,
                 md5,
                 attributes: upload.attributes.clone(),
+                keep_checksum: false,
             };
             let (meta, _) = gateway
                 .store_if(target, total, body.boxed(), check, &Trailers::None, terms)

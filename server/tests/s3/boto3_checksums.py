@@ -1,0 +1,114 @@
+"""The checksums boto3 sends with a PUT come back on GET and HEAD when it asks for them, as S3
+returns them: the whole object's, for the algorithm it was sent with, with ChecksumType
+FULL_OBJECT; none for a range, none when not asked. boto3 checks a returned checksum against the
+bytes it read (and fails the read on a mismatch), so every GET here is also an end-to-end check.
+Run by server/tests/s3.rs in two phases with the server killed and started again between them:
+
+    python3 THIS PHASE ENDPOINT
+
+PHASE `write` stores the objects and checks them; `check` (after the restart) checks that the
+same checksums come back."""
+
+import base64
+import hashlib
+import random
+import sys
+import zlib
+
+import boto3
+from botocore import UNSIGNED
+from botocore.config import Config
+
+phase, endpoint = sys.argv[1:]
+
+
+def client(**options):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        config=Config(signature_version=UNSIGNED, retries={"max_attempts": 1}, **options),
+    )
+
+
+s3 = client()
+# Asks for checksums only where an operation requires it (GetObject does not).
+unasked = client(response_checksum_validation="when_required")
+bucket = "s3-checksums"
+
+
+def contents(seed, size):
+    return random.Random(seed).randbytes(size)
+
+
+def crc32(data):
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def digest(name):
+    return lambda data: base64.b64encode(hashlib.new(name, data).digest()).decode()
+
+
+COMPUTE = {"CRC32": crc32, "SHA1": digest("sha1"), "SHA256": digest("sha256")}
+small = contents(1, 100_001)
+large = contents(2, (9 << 20) + 77)  # more than a chunk: stored as a streamed put
+# key: (bytes, algorithm sent, algorithm expected back). boto3 sends a CRC32 when told nothing.
+objects = {f"{algorithm}-{size}": (data, algorithm, algorithm) for algorithm in COMPUTE for size, data in [("small", small), ("large", large)]}
+objects["default"] = (small, None, "CRC32")
+
+
+def returned(answer):
+    """(algorithm, value) of the checksum in a GET's or HEAD's answer, or None."""
+    found = [(name[len("Checksum"):], value) for name, value in answer.items() if name.startswith("Checksum") and name != "ChecksumType"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def check(key):
+    data, _, algorithm = objects[key]
+    wanted = (algorithm, COMPUTE[algorithm](data))
+    got = s3.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    assert got["Body"].read() == data, key
+    assert returned(got) == wanted, (key, returned(got), wanted)
+    assert got.get("ChecksumType") == "FULL_OBJECT", (key, got.get("ChecksumType"))
+    head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    assert returned(head) == wanted, (key, returned(head), wanted)
+    # Not asked for: not sent. A range: not the range's, so none.
+    plain = unasked.get_object(Bucket=bucket, Key=key)
+    assert plain["Body"].read() == data, key
+    assert returned(plain) is None, (key, returned(plain))
+    assert returned(unasked.head_object(Bucket=bucket, Key=key)) is None, key
+    ranged = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-99", ChecksumMode="ENABLED")
+    assert ranged["Body"].read() == data[:100], key
+    assert returned(ranged) is None, (key, returned(ranged))
+
+
+if phase == "write":
+    s3.create_bucket(Bucket=bucket)
+    for key, (data, algorithm, expected) in objects.items():
+        options = {"ChecksumAlgorithm": algorithm} if algorithm else {}
+        put = s3.put_object(Bucket=bucket, Key=key, Body=data, **options)
+        assert returned({k: v for k, v in put.items() if k.startswith("Checksum")}) == (expected, COMPUTE[expected](data)), (key, put)
+        check(key)
+    # A copy holds the source's bytes, and its checksum, whether it keeps the source's
+    # metadata or replaces it.
+    for directive in ["COPY", "REPLACE"]:
+        key = f"copy-{directive}"
+        s3.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": "SHA256-small"}, MetadataDirective=directive)
+        objects[key] = objects["SHA256-small"]
+        check(key)
+    # A new version without a checksum (sent as a plain body, no flexible checksum) has none.
+    bare = client(request_checksum_calculation="when_required")
+    bare.put_object(Bucket=bucket, Key="replaced", Body=small, ChecksumAlgorithm="SHA1")
+    bare.put_object(Bucket=bucket, Key="replaced", Body=large[:1000])
+    answer = s3.get_object(Bucket=bucket, Key="replaced", ChecksumMode="ENABLED")
+    assert answer["Body"].read() == large[:1000]
+    assert returned(answer) is None, returned(answer)
+elif phase == "check":
+    for key in list(objects) + ["copy-COPY", "copy-REPLACE"]:
+        if key.startswith("copy-"):
+            objects[key] = objects["SHA256-small"]
+        check(key)
+else:
+    raise SystemExit(f"unknown phase {phase}")
+print("boto3 checksums: ok")
