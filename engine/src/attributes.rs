@@ -31,6 +31,9 @@ const TAG_CONTENT_LANGUAGE: u8 = 4;
 const TAG_CACHE_CONTROL: u8 = 5;
 const TAG_EXPIRES: u8 = 6;
 const TAG_CHECKSUM: u8 = 7;
+
+/// The checksum algorithms an object's checksum may be of, as S3 names them.
+pub const CHECKSUM_ALGORITHMS: [&str; 5] = ["CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256"];
 const TAG_METADATA: u8 = 16;
 
 /// An object's attributes; the default is none.
@@ -162,6 +165,17 @@ impl Attributes {
                     if tag == TAG_METADATA {
                         attributes.metadata.push((name, value));
                     } else {
+                        // One, of an algorithm S3 defines, in base64: else damage, not an
+                        // answer to send.
+                        let base64 =
+                            |byte: u8| byte.is_ascii_alphanumeric() || b"+/=".contains(&byte);
+                        if attributes.checksum.is_some()
+                            || !CHECKSUM_ALGORITHMS.contains(&name.as_str())
+                            || value.is_empty()
+                            || !value.bytes().all(base64)
+                        {
+                            return None;
+                        }
                         attributes.checksum = Some((name, value));
                     }
                     continue;
@@ -280,6 +294,29 @@ mod tests {
         let mut version = bytes;
         version[0] = 2;
         assert_eq!(Attributes::decode(&version), None);
+        // A checksum of an algorithm S3 does not define, not in base64, or given twice.
+        for checksum in [
+            ("MD5", "yZRlqg=="),
+            ("CRC32C", "yZ\r\nlqg=="),
+            ("CRC32C", ""),
+        ] {
+            let odd = Attributes {
+                checksum: Some((checksum.0.into(), checksum.1.into())),
+                ..Default::default()
+            };
+            assert_eq!(
+                Attributes::decode(&odd.encode().unwrap()),
+                None,
+                "{checksum:?}"
+            );
+        }
+        let once = Attributes {
+            checksum: Some(("CRC32".into(), "AAAAAA==".into())),
+            ..Default::default()
+        };
+        let mut twice = once.encode().unwrap();
+        twice.extend_from_slice(&once.encode().unwrap()[1..]);
+        assert_eq!(Attributes::decode(&twice), None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod policy;
 pub mod rt;
 mod stamp;
 
-pub use attributes::{Attributes, ATTRIBUTES_BYTES_MAX, METADATA_BYTES_MAX};
+pub use attributes::{Attributes, ATTRIBUTES_BYTES_MAX, CHECKSUM_ALGORITHMS, METADATA_BYTES_MAX};
 pub use error::{Error, ErrorKind, Result};
 mod engine;
 mod shard;

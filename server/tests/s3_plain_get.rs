@@ -129,6 +129,28 @@ fn plain_gets_answer_as_s3s_does() {
         ],
         &trailed,
     );
+    // A checksum both in a header and in a trailer is refused (only one would be verified),
+    // and nothing is stored.
+    let wrong = crc32c_base64(b"other bytes");
+    let both = exchange(
+        &address,
+        "PUT",
+        "/plain/both",
+        &[
+            ("Content-Encoding", "aws-chunked"),
+            ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+            ("x-amz-trailer", "x-amz-checksum-crc32c"),
+            ("x-amz-checksum-crc32c", &wrong),
+            ("x-amz-decoded-content-length", &decoded),
+        ],
+        &trailed,
+    );
+    assert_eq!(both.status, 400, "{both:?}");
+    assert!(String::from_utf8_lossy(&both.body).contains("<Code>InvalidRequest</Code>"));
+    assert_eq!(
+        exchange(&address, "GET", "/plain/both", &[], b"").status,
+        404
+    );
     put("/plain/empty", &[], b"");
     put("/plain/dir/a%20b+c", &[], &small);
 
@@ -246,4 +268,50 @@ fn plain_gets_answer_as_s3s_does() {
     // plain path, the rest through the library.
     let plain = server.metric("hydrant_s3_plain_gets_total") - plain_before;
     assert_eq!(plain, 2 * (gets.len() as u64 - 2) + 4);
+}
+/// A request's headers, (name, value).
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
+/// What takes the library's way: a query string, a condition, a signature, an unknown
+/// `x-amz-` header, a body. Each still gets GetObject's answer.
+#[test]
+fn gets_with_more_than_a_range_take_the_librarys_way() {
+    let scratch = Scratch::new("s3-plain-get-not");
+    let server = ServerProcess::start(scratch.path(), 1024, &["--s3-listen", "127.0.0.1:0"], &[]);
+    let endpoint = server.s3_endpoint();
+    let address = endpoint.trim_start_matches("http://").to_string();
+    assert_eq!(exchange(&address, "PUT", "/bkt", &[], b"").status, 200);
+    let bytes = object_bytes(3, 100);
+    assert_eq!(exchange(&address, "PUT", "/bkt/k", &[], &bytes).status, 200);
+    let etag = exchange(&address, "GET", "/bkt/k", &[], b"")
+        .headers
+        .into_iter()
+        .find(|(name, _)| name == "etag")
+        .unwrap()
+        .1;
+    let plain_before = server.metric("hydrant_s3_plain_gets_total");
+    let requests: &[(&str, Headers, u16)] = &[
+        ("/bkt/k?partNumber=1", &[], 200),
+        ("/bkt/k?response-content-type=text/plain", &[], 200),
+        ("/bkt/k", &[("If-None-Match", &etag)], 304),
+        ("/bkt/k", &[("If-Match", "\"nope\"")], 412),
+        (
+            "/bkt/k",
+            &[("x-amz-expected-bucket-owner", "123456789012")],
+            200,
+        ),
+        ("/bkt/%6b", &[], 200),
+    ];
+    for (path, headers, status) in requests {
+        let answer = exchange(&address, "GET", path, headers, b"");
+        assert_eq!(answer.status, *status, "GET {path} {headers:?}: {answer:?}");
+        if *status == 200 {
+            assert_eq!(answer.body, bytes, "GET {path} {headers:?}");
+        }
+    }
+    assert_eq!(
+        server.metric("hydrant_s3_plain_gets_total"),
+        plain_before,
+        "none of these is a plain GET"
+    );
 }

@@ -99,6 +99,7 @@ pub struct EngineHandle {
     object_bytes_max: u64,
     origins: Option<std::sync::Arc<Origins>>,
     chunk_bytes: u32,
+    crc_block_bytes: u32,
     /// Bytes of streamed puts' chunks held in memory, all shards (see `StreamedChunk`).
     streamed_bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
     streamed_bytes_max: u64,
@@ -155,6 +156,24 @@ impl EngineHandle {
     /// The chunk size: a streamed put's chunks are this large, the last one the rest.
     pub fn chunk_bytes(&self) -> u64 {
         u64::from(self.chunk_bytes)
+    }
+
+    /// Whether a put of `object_bytes` at `key` has room for `attributes` in its first chunk's
+    /// header, beside the key and the chunk's checksums (a put refuses them with
+    /// ATTRIBUTES_TOO_LARGE otherwise).
+    pub fn attributes_fit(
+        &self,
+        key: &ObjectKey,
+        object_bytes: u64,
+        attributes: &crate::Attributes,
+    ) -> bool {
+        let Ok(encoded) = attributes.encode() else {
+            return false;
+        };
+        let crcs =
+            crate::format::crc_count(object_bytes.min(self.chunk_bytes()), self.crc_block_bytes);
+        let names = key.bucket_bytes().len() + key.key_bytes().len();
+        encoded.len() <= crate::format::attributes_room(names, crcs)
     }
 
     /// Room for a streamed put's chunk of `bytes` in memory, within the node's bound

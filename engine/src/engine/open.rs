@@ -93,6 +93,7 @@ impl Engine {
                 object_bytes_max: config.object_bytes_max,
                 origins: origins.clone(),
                 chunk_bytes: geometry.chunk_bytes,
+                crc_block_bytes: geometry.crc_block_bytes,
                 streamed_bytes: Default::default(),
                 streamed_bytes_max: config.streamed_bytes_max,
             },

@@ -420,10 +420,15 @@ async fn upload_version(
         return Ok(None);
     };
     let attributes = remote::origin_attributes(route, &described);
+    // What a read through the origin will say of it later: no checksum (an object store is
+    // not given the writer's).
     let kept = if attributes.is_empty() {
         Default::default()
     } else {
-        described
+        crate::Attributes {
+            checksum: None,
+            ..described
+        }
     };
     let etag = if upload.bytes <= config.multipart_threshold_bytes {
         let Some(data) = read_part(uploader, upload, 0, upload.bytes).await? else {

@@ -58,14 +58,17 @@ macro_rules! answer_checksum {
         if $asked {
             if let Some((algorithm, value)) = &$attributes.checksum {
                 let field = match algorithm.as_str() {
-                    "CRC32" => &mut $output.checksum_crc32,
-                    "CRC32C" => &mut $output.checksum_crc32c,
-                    "CRC64NVME" => &mut $output.checksum_crc64nvme,
-                    "SHA1" => &mut $output.checksum_sha1,
-                    _ => &mut $output.checksum_sha256,
+                    "CRC32" => Some(&mut $output.checksum_crc32),
+                    "CRC32C" => Some(&mut $output.checksum_crc32c),
+                    "CRC64NVME" => Some(&mut $output.checksum_crc64nvme),
+                    "SHA1" => Some(&mut $output.checksum_sha1),
+                    "SHA256" => Some(&mut $output.checksum_sha256),
+                    _ => None,
                 };
-                *field = Some(value.clone());
-                $output.checksum_type = Some($crate::s3::attributes::full_object());
+                if let Some(field) = field {
+                    *field = Some(value.clone());
+                    $output.checksum_type = Some($crate::s3::attributes::full_object());
+                }
             }
         }
     }};
@@ -82,11 +85,9 @@ pub(crate) fn checksum_asked(mode: Option<&ChecksumMode>) -> bool {
     mode.is_some_and(|mode| mode.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
 }
 
-/// `attributes` with the whole object's checksum among `sums` (as S3 takes one checksum per
-/// PUT, the first given), where it fits beside them: an object whose headers and metadata fill
-/// the entry header's room for attributes is kept without it.
-pub(crate) fn with_checksum(attributes: Attributes, sums: &Checksum) -> Attributes {
-    let given = [
+/// The whole object's checksum among `sums` (S3 takes one per PUT; the first given).
+pub(crate) fn checksum_among(sums: &Checksum) -> Option<(String, String)> {
+    [
         ("CRC32", &sums.checksum_crc32),
         ("CRC32C", &sums.checksum_crc32c),
         ("CRC64NVME", &sums.checksum_crc64nvme),
@@ -94,18 +95,28 @@ pub(crate) fn with_checksum(attributes: Attributes, sums: &Checksum) -> Attribut
         ("SHA256", &sums.checksum_sha256),
     ]
     .into_iter()
-    .find_map(|(algorithm, value)| Some((algorithm.to_string(), value.clone()?)));
-    let Some(checksum) = given else {
-        return attributes;
-    };
+    .find_map(|(algorithm, value)| Some((algorithm.to_string(), value.clone()?)))
+}
+
+/// `attributes` with `checksum` where they fit together (`fits`: the room the version's first
+/// chunk header has beside its key): the headers and metadata the writer gave come first, and an
+/// object whose attributes fill the room is kept without its checksum.
+pub(crate) fn with_checksum(
+    attributes: Attributes,
+    checksum: Option<(String, String)>,
+    fits: impl Fn(&Attributes) -> bool,
+) -> Attributes {
     let kept = Attributes {
-        checksum: Some(checksum),
+        checksum,
         ..attributes.clone()
     };
-    if kept.encode().is_ok() {
+    if kept.checksum.is_none() || fits(&kept) {
         kept
     } else {
-        attributes
+        Attributes {
+            checksum: None,
+            ..attributes
+        }
     }
 }
 
@@ -227,18 +238,25 @@ mod tests {
             checksum_sha256: Some("x".repeat(44)),
             ..Default::default()
         };
-        let kept = with_checksum(Attributes::default(), &sums);
+        let fits = |attributes: &Attributes| attributes.encode().is_ok();
+        let kept = with_checksum(Attributes::default(), checksum_among(&sums), fits);
         assert_eq!(kept.checksum, Some(("SHA256".into(), "x".repeat(44))));
-        assert_eq!(
-            with_checksum(Attributes::default(), &Checksum::default()),
-            Attributes::default()
-        );
+        assert_eq!(checksum_among(&Checksum::default()), None);
         // Headers that fill the room: kept as they are, without the checksum.
         let full = Attributes {
             content_type: Some("t".repeat(hydrant_engine::ATTRIBUTES_BYTES_MAX - 4)),
             ..Default::default()
         };
         assert!(full.encode().is_ok());
-        assert_eq!(with_checksum(full.clone(), &sums), full);
+        assert_eq!(
+            with_checksum(full.clone(), checksum_among(&sums), fits),
+            full
+        );
+        // One of another version goes too.
+        let other = Attributes {
+            checksum: Some(("CRC32".into(), "AAAAAA==".into())),
+            ..full.clone()
+        };
+        assert_eq!(with_checksum(other, checksum_among(&sums), fits), full);
     }
 }

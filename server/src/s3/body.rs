@@ -51,6 +51,21 @@ impl BodyCheck {
             hasher.sha256 = Some(Default::default());
         }
         if let Some(name) = &trailer {
+            let given_too = [
+                ("x-amz-checksum-crc32", &expected.checksum_crc32),
+                ("x-amz-checksum-crc32c", &expected.checksum_crc32c),
+                ("x-amz-checksum-crc64nvme", &expected.checksum_crc64nvme),
+                ("x-amz-checksum-sha1", &expected.checksum_sha1),
+                ("x-amz-checksum-sha256", &expected.checksum_sha256),
+            ]
+            .iter()
+            .any(|(header, value)| header == name && value.is_some());
+            if given_too {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "{name} is given as a header and promised in a trailer: send it once"
+                ));
+            }
             let known = [
                 "x-amz-checksum-crc32",
                 "x-amz-checksum-crc32c",

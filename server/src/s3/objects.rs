@@ -15,7 +15,9 @@ use hydrant_engine::{
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
-use super::attributes::{answer, answer_checksum, checksum_asked, given, with_checksum};
+use super::attributes::{
+    answer, answer_checksum, checksum_among, checksum_asked, given, with_checksum,
+};
 use super::auth::Credentials;
 use super::body::{
     announced_bytes, checksum_of, request_body, BodyCheck, Pieces, Trailers, Verified,
@@ -399,7 +401,9 @@ impl Gateway {
             }
             let sums = check.finish(trailers)?;
             if keep_checksum {
-                attributes = with_checksum(attributes, &sums.sums);
+                attributes = with_checksum(attributes, checksum_among(&sums.sums), |kept| {
+                    self.engine.attributes_fit(&key, bytes, kept)
+                });
             }
             let tag = md5.or(sums.md5.map(Md5Tag::whole));
             let data = std::mem::take(&mut room.data);
@@ -413,7 +417,9 @@ impl Gateway {
         }
         if keep_checksum {
             // Verified before the last chunk goes, so before the version is visible.
-            attributes = with_checksum(attributes, check.announced());
+            attributes = with_checksum(attributes, checksum_among(check.announced()), |kept| {
+                self.engine.attributes_fit(&key, bytes, kept)
+            });
         }
         let (sink, done) = self
             .engine
@@ -888,11 +894,11 @@ impl S3 for Gateway {
         // The copy's ETag is the MD5 of its bytes, as a PUT's (S3's, for a copy of a
         // multipart object too).
         let check = BodyCheck::empty(Checksum::default()).with_md5();
+        let target = Self::key_of(&input.bucket, &input.key)?;
         let attributes = match given {
-            Some(given) => Attributes {
-                checksum: attributes.checksum,
-                ..given
-            },
+            Some(given) => with_checksum(given, attributes.checksum, |kept| {
+                self.engine.attributes_fit(&target, meta.bytes, kept)
+            }),
             None => attributes,
         };
         let terms = Terms {
@@ -903,7 +909,7 @@ impl S3 for Gateway {
         };
         let (stored, _) = self
             .store_if(
-                Self::key_of(&input.bucket, &input.key)?,
+                target,
                 meta.bytes,
                 body.boxed(),
                 check,

@@ -34,8 +34,8 @@ const EMPTY_PAYLOAD_HASHES: &[&str] = &[
 
 /// The GetObject `request` asks for, when it is a plain GET this path answers: on an endpoint
 /// without keys (`open`), from loopback, by path, with no query string, no body, no signature
-/// left (`prepare` takes a loopback request's off), and no header but `Range` that GetObject
-/// acts on.
+/// left (`prepare` takes a loopback request's off), and no header that GetObject acts on but
+/// `Range` and `x-amz-checksum-mode`.
 pub(super) fn plain_get_of<B>(
     request: &hyper::Request<B>,
     open: bool,
