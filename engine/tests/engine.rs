@@ -651,3 +651,70 @@ fn an_objects_attributes_come_back_with_its_version_through_reclaim_and_reopenin
     engine.close();
     check(&open());
 }
+
+/// A GET from NVMe of a version with attributes finds them in the first chunk's header block it
+/// reads for the data (read with it in one read when the chunk is one checksum piece), not in a
+/// read of its own; HEAD then finds them cached. The bytes and attributes are the ones stored.
+#[test]
+fn a_get_from_nvme_takes_the_attributes_from_the_header_it_reads() {
+    use hydrant_engine::{Attributes, ObjectKey, Precondition};
+    let dir = TempDir::new("attributes-with-data");
+    let path = dir.file("data.hyd");
+    let open = || Engine::open(config(&path, 48 * MIB, 1, 4)).unwrap();
+    let engine = open();
+    let key = |name: &str| ObjectKey::new("data", name).unwrap();
+    let objects = [
+        ("one-piece", 4096usize, None),
+        ("pieces", 200_000, None),
+        ("chunks", 2_500_000, None),
+        ("ranged", 200_000, Some(100_000..150_000u64)),
+    ];
+    let described = |name: &str| Attributes {
+        content_type: Some(format!("application/{name}")),
+        checksum: Some(("CRC32C".to_string(), "yZRlqg==".to_string())),
+        ..Default::default()
+    };
+    for (index, (name, bytes, _)) in objects.iter().enumerate() {
+        block_on(engine.put_tagged(
+            key(name),
+            pattern(index as u64, *bytes),
+            Precondition::Any,
+            None,
+            &described(name),
+        ))
+        .unwrap();
+    }
+    engine.close();
+    // Reopened: nothing in the DRAM tier or the attributes cache, every read from the file.
+    let engine = open();
+    let attribute_reads = |engine: &Engine| {
+        block_on(engine.stats()).unwrap()[0]
+            .counters
+            .attribute_reads
+    };
+    for (index, (name, bytes, range)) in objects.iter().enumerate() {
+        let want = range.clone().unwrap_or(0..*bytes as u64);
+        let byte_range = range.as_ref().map(|range| ByteRange {
+            start: range.start,
+            end: Some(range.end),
+        });
+        let read = block_on(engine.get_shared_described(key(name), byte_range))
+            .unwrap()
+            .expect("stored");
+        assert_eq!(read.attributes, described(name), "{name}: GET");
+        let data = pattern(index as u64, *bytes);
+        assert!(
+            read.data[..] == data[want.start as usize..want.end as usize],
+            "{name}: the bytes"
+        );
+        let (_, attributes) = block_on(engine.head_described(key(name)))
+            .unwrap()
+            .expect("stored");
+        assert_eq!(attributes, described(name), "{name}: HEAD");
+    }
+    assert_eq!(
+        attribute_reads(&engine),
+        0,
+        "no header block was read for the attributes alone"
+    );
+}

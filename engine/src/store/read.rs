@@ -315,9 +315,27 @@ impl Store {
         Ok(Some(attributes))
     }
 
+    /// Whether `record`'s version has attributes that this shard has not cached.
+    fn attributes_unread(&self, record: &ObjectRecord) -> bool {
+        record.described() && self.attributes_cache.borrow().get(record.seq).is_none()
+    }
+
+    /// Cache the attributes in `header`, the first chunk header of `record`'s version, read
+    /// and checked (`chunk_header`) for its data. Ones that do not decode are left for
+    /// `attributes` to read and report.
+    fn keep_attributes(&self, record: &ObjectRecord, header: &EntryHeader) {
+        if let Some(attributes) = Attributes::decode(&header.attributes) {
+            self.attributes_cache
+                .borrow_mut()
+                .insert(record.seq, std::rc::Rc::new(attributes));
+        }
+    }
+
     /// Read bytes `want` of one chunk and verify them. Small chunks are read without their
-    /// header (the index holds their checksum); larger ones with it, and only the checksummed
-    /// pieces that `want` touches.
+    /// header (the index holds their checksum), but for the first chunk of a version with
+    /// attributes this shard has not cached; larger ones with it, and only the checksummed
+    /// pieces that `want` touches. A first chunk's header read here leaves its version's
+    /// attributes in the cache, so that a GET that wants them reads no header block again.
     pub(super) async fn read_chunk(
         &self,
         key: &ObjectKey,
@@ -333,21 +351,35 @@ impl Store {
         let _reader = RegionReader::new(self, region);
         let piece_bytes = self.geometry.crc_block_bytes;
         if data_bytes <= piece_bytes {
-            let len = align_up(data_bytes as usize);
+            // The header block too, in the same read, when its attributes are wanted.
+            let header_bytes = if chunk == 0 && self.attributes_unread(record) {
+                BLOCK_BYTES
+            } else {
+                0
+            };
+            let len = header_bytes + align_up(data_bytes as usize);
             let (result, buf) = read_at(
                 file,
                 self.arena.allocate(len),
-                entry_offset + BLOCK_BYTES as u64,
+                entry_offset + (BLOCK_BYTES - header_bytes) as u64,
                 len,
             )
             .await;
             self.check_read(result, len, region)?;
-            if hydrant_crc::crc32c(&buf.as_slice()[..data_bytes as usize]) != location.first_crc {
+            let data = &buf.as_slice()[header_bytes..header_bytes + data_bytes as usize];
+            if hydrant_crc::crc32c(data) != location.first_crc {
                 return Err(self.checksum_failed(key, record, chunk, "data"));
+            }
+            if header_bytes != 0 {
+                if let Ok(header) =
+                    self.chunk_header(&buf.as_slice()[..BLOCK_BYTES], key, record, 0, data_bytes)
+                {
+                    self.keep_attributes(record, &header);
+                }
             }
             return Ok(ReadPart {
                 buf,
-                start: want.start as usize,
+                start: header_bytes + want.start as usize,
                 len: want.len(),
                 crc: (want == (0..data_bytes)).then_some(location.first_crc),
             });
@@ -384,6 +416,9 @@ impl Store {
             None => &data.as_slice()[..BLOCK_BYTES],
         };
         let header = self.chunk_header(header_bytes, key, record, chunk, data_bytes)?;
+        if chunk == 0 && self.attributes_unread(record) {
+            self.keep_attributes(record, &header);
+        }
         let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
         let mut joined = hydrant_crc::combine::Joined::new();
         for (offset, piece) in span.chunks(piece_bytes as usize).enumerate() {
