@@ -165,14 +165,20 @@ impl Attributes {
                     if tag == TAG_METADATA {
                         attributes.metadata.push((name, value));
                     } else {
-                        // One, of an algorithm S3 defines, in base64: else damage, not an
-                        // answer to send.
-                        let base64 =
-                            |byte: u8| byte.is_ascii_alphanumeric() || b"+/=".contains(&byte);
+                        // One, of an algorithm S3 defines, in base64 (then `-` and a count of
+                        // parts, for an assembled upload's): else damage, not an answer to send.
+                        let base64 = |text: &str| {
+                            !text.is_empty()
+                                && text.bytes().all(|byte| {
+                                    byte.is_ascii_alphanumeric() || b"+/=".contains(&byte)
+                                })
+                        };
+                        let (sum, parts) = value.split_once('-').unwrap_or((&value, "1"));
                         if attributes.checksum.is_some()
                             || !CHECKSUM_ALGORITHMS.contains(&name.as_str())
-                            || value.is_empty()
-                            || !value.bytes().all(base64)
+                            || !base64(sum)
+                            || parts.is_empty()
+                            || !parts.bytes().all(|byte| byte.is_ascii_digit())
                         {
                             return None;
                         }
@@ -299,6 +305,8 @@ mod tests {
             ("MD5", "yZRlqg=="),
             ("CRC32C", "yZ\r\nlqg=="),
             ("CRC32C", ""),
+            ("CRC32C", "yZRlqg==-"),
+            ("CRC32C", "yZRlqg==-x"),
         ] {
             let odd = Attributes {
                 checksum: Some((checksum.0.into(), checksum.1.into())),
@@ -317,6 +325,12 @@ mod tests {
         let mut twice = once.encode().unwrap();
         twice.extend_from_slice(&once.encode().unwrap()[1..]);
         assert_eq!(Attributes::decode(&twice), None);
+        let composite = Attributes {
+            checksum: Some(("SHA256".into(), "x+/=-12".into())),
+            ..Default::default()
+        };
+        let bytes = composite.encode().unwrap();
+        assert_eq!(Attributes::decode(&bytes), Some(composite));
     }
 
     #[test]

@@ -67,7 +67,7 @@ macro_rules! answer_checksum {
                 };
                 if let Some(field) = field {
                     *field = Some(value.clone());
-                    $output.checksum_type = Some($crate::s3::attributes::full_object());
+                    $output.checksum_type = Some($crate::s3::attributes::checksum_type_of(value));
                 }
             }
         }
@@ -75,9 +75,14 @@ macro_rules! answer_checksum {
 }
 pub(super) use answer_checksum;
 
-/// The kind of checksum this endpoint keeps: of the whole object's bytes.
-pub(crate) fn full_object() -> ChecksumType {
-    ChecksumType::from_static(ChecksumType::FULL_OBJECT)
+/// The kind of a kept checksum: of an assembled upload's parts' checksums when it ends in `-`
+/// and their count, else of the whole object's bytes.
+pub(crate) fn checksum_type_of(value: &str) -> ChecksumType {
+    if value.contains('-') {
+        ChecksumType::from_static(ChecksumType::COMPOSITE)
+    } else {
+        ChecksumType::from_static(ChecksumType::FULL_OBJECT)
+    }
 }
 
 /// Whether a GET or HEAD asks for the object's checksum.

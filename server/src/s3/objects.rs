@@ -335,32 +335,10 @@ impl Gateway {
         }
     }
 
-    /// Store `bytes` bytes from `body` as `bucket/key`, checked by `check` before the version
-    /// becomes visible; nothing is stored when the body is short, long or fails its check.
-    pub(super) async fn store<S>(
-        &self,
-        key: StoreKey,
-        bytes: u64,
-        body: S,
-        check: BodyCheck,
-        trailers: &Trailers,
-        md5: Option<Md5Tag>,
-    ) -> S3Result<(ObjectMeta, Verified)>
-    where
-        S: futures::Stream<Item = Result<Bytes, s3s::StdError>> + Unpin,
-    {
-        let terms = Terms {
-            precondition: Precondition::Any,
-            md5,
-            attributes: Attributes::default(),
-            keep_checksum: false,
-        };
-        self.store_if(key, bytes, body, check, trailers, terms)
-            .await
-    }
-
-    /// `store` on `terms`: a precondition, checked on the key's shard just before the install,
-    /// and the version's MD5 tag.
+    /// Store `bytes` bytes from `body` as `key`, checked by `check` before the version becomes
+    /// visible (nothing is stored when the body is short, long or fails its check), on `terms`:
+    /// a precondition, checked on the key's shard just before the install, the version's MD5
+    /// tag, its attributes and whether it keeps the sender's checksum.
     pub(super) async fn store_if<S>(
         &self,
         key: StoreKey,
@@ -895,12 +873,15 @@ impl S3 for Gateway {
         // multipart object too).
         let check = BodyCheck::empty(Checksum::default()).with_md5();
         let target = Self::key_of(&input.bucket, &input.key)?;
-        let attributes = match given {
-            Some(given) => with_checksum(given, attributes.checksum, |kept| {
-                self.engine.attributes_fit(&target, meta.bytes, kept)
-            }),
-            None => attributes,
-        };
+        // A checksum of the whole object's bytes; not one made of an upload's parts, which
+        // the copy (stored whole) does not have.
+        let checksum = attributes
+            .checksum
+            .clone()
+            .filter(|(_, value)| !value.contains('-'));
+        let attributes = with_checksum(given.unwrap_or(attributes), checksum, |kept| {
+            self.engine.attributes_fit(&target, meta.bytes, kept)
+        });
         let terms = Terms {
             precondition: Precondition::Any,
             md5: None,

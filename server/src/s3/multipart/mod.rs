@@ -32,7 +32,7 @@ use s3s::{s3_error, S3Request, S3Response, S3Result};
 
 mod staged;
 
-use super::attributes::given;
+use super::attributes::{checksum_among, given, with_checksum};
 use super::body::{announced_bytes, checksum_of, request_body, BodyCheck, Trailers, Verified};
 use super::errors::s3_error as engine_error;
 use super::objects::{
@@ -56,6 +56,8 @@ const LISTED_MAX: usize = 1000;
 /// (whitespace) while they are assembled, so that clients do not time out (a copy at 1 GB/s
 /// takes about 4 s for this size; SDKs wait 60 s).
 const COMPLETE_BEFORE_ANSWER_BYTES_MAX: u64 = 4 << 30;
+/// Parts whose checksums Complete looks up at once.
+const PART_HEADS_IN_FLIGHT: usize = 64;
 
 use staged::*;
 
@@ -300,8 +302,15 @@ impl Gateway {
         // 64 bits of randomness tell this sending of the part from any other.
         let nonce = new_id(0)?[16..].to_string();
         let data_key = part_key(&upload.id, number, &nonce, "data");
+        // The part keeps its checksum, for Complete to build the object's from.
+        let terms = Terms {
+            precondition: Precondition::Any,
+            md5: None,
+            attributes: Default::default(),
+            keep_checksum: true,
+        };
         let (_, Verified { sums, md5 }) = self
-            .store(staged(&data_key)?, bytes, body, check, trailers, None)
+            .store_if(staged(&data_key)?, bytes, body, check, trailers, terms)
             .await?;
         let md5 = hex(&md5.expect("a part's MD5 is always computed"));
         let done_key = part_key(&upload.id, number, &nonce, &md5);
@@ -400,6 +409,7 @@ impl Gateway {
             .and_then(|upload| upload.parts)
             .unwrap_or_default();
         let chosen = choose_parts(&self.staged_parts(&upload.id).await?, &named)?;
+        let composite = self.composite_checksum(&chosen, &named).await?;
         let total: u64 = chosen.iter().map(StagedPart::bytes).sum();
         let md5 = multipart_tag(&chosen);
         let target = Self::key_of(&input.bucket, &input.key)?;
@@ -410,10 +420,14 @@ impl Gateway {
         let assemble = async move {
             let body = gateway.parts_body(&chosen);
             let check = BodyCheck::empty(Checksum::default());
+            let attributes = with_checksum(upload.attributes.clone(), composite.clone(), |kept| {
+                gateway.engine.attributes_fit(&target, total, kept)
+            });
+            let kept = attributes.checksum.clone();
             let terms = Terms {
                 precondition: Precondition::Any,
                 md5,
-                attributes: upload.attributes.clone(),
+                attributes,
                 keep_checksum: false,
             };
             let (meta, _) = gateway
@@ -426,12 +440,18 @@ impl Gateway {
                     upload.id
                 );
             }
-            Ok(CompleteMultipartUploadOutput {
+            let mut output = CompleteMultipartUploadOutput {
                 bucket: Some(bucket),
                 key: Some(key),
                 e_tag: Some(etag_of(&meta, 0)),
                 ..Default::default()
-            })
+            };
+            let checksum = hydrant_engine::Attributes {
+                checksum: kept,
+                ..Default::default()
+            };
+            super::attributes::answer_checksum!(output, checksum, true);
+            Ok(output)
         };
         if total <= COMPLETE_BEFORE_ANSWER_BYTES_MAX {
             return Ok(S3Response::new(assemble.await?));
@@ -442,6 +462,75 @@ impl Gateway {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    /// The checksum S3 answers for an object assembled from `parts` when each was sent with a
+    /// checksum of one algorithm: the checksum of their checksums (decoded, one after the other)
+    /// then `-` and their count (S3's COMPOSITE checksums; CRC64NVME has none). InvalidPart when
+    /// `named` (the Complete's parts, one for each of `parts`) gives a part another checksum than
+    /// it was sent with.
+    async fn composite_checksum(
+        &self,
+        parts: &[StagedPart],
+        named: &[CompletedPart],
+    ) -> S3Result<Option<(String, String)>> {
+        let mut sums = Vec::with_capacity(parts.len());
+        for batch in parts.chunks(PART_HEADS_IN_FLIGHT) {
+            let heads = batch.iter().map(|part| async move {
+                let Some(meta) = &part.data else {
+                    return Ok(None);
+                };
+                let described = self
+                    .engine
+                    .head_described(StoreKey::staged(&meta.key).map_err(engine_error)?)
+                    .await
+                    .map_err(engine_error)?;
+                Ok::<_, s3s::S3Error>(described.and_then(|(_, attributes)| attributes.checksum))
+            });
+            for sum in futures::future::join_all(heads).await {
+                sums.push(sum?);
+            }
+        }
+        for ((part, sum), given) in parts.iter().zip(&sums).zip(named) {
+            let given = checksum_among(&checksum_of(
+                &given.checksum_crc32,
+                &given.checksum_crc32c,
+                &given.checksum_crc64nvme,
+                &given.checksum_sha1,
+                &given.checksum_sha256,
+            ));
+            if let Some((algorithm, value)) = given {
+                if sum.as_ref() != Some(&(algorithm.clone(), value.clone())) {
+                    return Err(s3_error!(
+                        InvalidPart,
+                        "part {} was not uploaded with the {algorithm} checksum {value}",
+                        part.number
+                    ));
+                }
+            }
+        }
+        let Some(Some((algorithm, _))) = sums.first() else {
+            return Ok(None);
+        };
+        let mut hasher = s3s::checksum::ChecksumHasher::default();
+        match algorithm.as_str() {
+            "CRC32" => hasher.crc32 = Some(Default::default()),
+            "CRC32C" => hasher.crc32c = Some(Default::default()),
+            "SHA1" => hasher.sha1 = Some(Default::default()),
+            "SHA256" => hasher.sha256 = Some(Default::default()),
+            _ => return Ok(None),
+        }
+        for sum in &sums {
+            let Some((_, value)) = sum.as_ref().filter(|(same, _)| same == algorithm) else {
+                return Ok(None);
+            };
+            let Ok(raw) = base64_simd::STANDARD.decode_to_vec(value) else {
+                return Ok(None);
+            };
+            hasher.update(&raw);
+        }
+        Ok(checksum_among(&hasher.finalize())
+            .map(|(algorithm, value)| (algorithm, format!("{value}-{}", parts.len()))))
     }
 
     /// The bytes of `parts`, one after the other, each read a chunk at a time.
