@@ -177,8 +177,8 @@ impl Attributes {
                         if attributes.checksum.is_some()
                             || !CHECKSUM_ALGORITHMS.contains(&name.as_str())
                             || !base64(sum)
-                            || parts.is_empty()
                             || !parts.bytes().all(|byte| byte.is_ascii_digit())
+                            || !(1..=10_000u32).contains(&parts.parse().unwrap_or(0))
                         {
                             return None;
                         }
@@ -307,6 +307,8 @@ mod tests {
             ("CRC32C", ""),
             ("CRC32C", "yZRlqg==-"),
             ("CRC32C", "yZRlqg==-x"),
+            ("CRC32C", "yZRlqg==-0"),
+            ("CRC32C", "yZRlqg==-10001"),
         ] {
             let odd = Attributes {
                 checksum: Some((checksum.0.into(), checksum.1.into())),

@@ -668,6 +668,8 @@ fn a_get_from_nvme_takes_the_attributes_from_the_header_it_reads() {
         ("pieces", 200_000, None),
         ("chunks", 2_500_000, None),
         ("ranged", 200_000, Some(100_000..150_000u64)),
+        ("one-piece-ranged", 4096, Some(100..200)),
+        ("native", 4096, None),
     ];
     let described = |name: &str| Attributes {
         content_type: Some(format!("application/{name}")),
@@ -693,6 +695,9 @@ fn a_get_from_nvme_takes_the_attributes_from_the_header_it_reads() {
             .attribute_reads
     };
     for (index, (name, bytes, range)) in objects.iter().enumerate() {
+        if *name == "native" {
+            continue;
+        }
         let want = range.clone().unwrap_or(0..*bytes as u64);
         let byte_range = range.as_ref().map(|range| ByteRange {
             start: range.start,
@@ -717,4 +722,16 @@ fn a_get_from_nvme_takes_the_attributes_from_the_header_it_reads() {
         0,
         "no header block was read for the attributes alone"
     );
+    // A read that does not want them (the native protocol's) reads the data alone: a HEAD
+    // then reads the header block.
+    let (index, (name, bytes, _)) = (5, objects[5].clone());
+    let read = block_on(engine.get_shared_key(key(name), None))
+        .unwrap()
+        .expect("stored");
+    assert!(read.data[..] == pattern(index, bytes)[..]);
+    let (_, attributes) = block_on(engine.head_described(key(name)))
+        .unwrap()
+        .expect("stored");
+    assert_eq!(attributes, described(name));
+    assert_eq!(attribute_reads(&engine), 1);
 }

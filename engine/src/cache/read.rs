@@ -37,6 +37,12 @@ impl Cache {
             .map(PartsRead::into_cache_read))
     }
 
+    /// Say that reads of `key` want its attributes, until the guard drops (see
+    /// `Store::want_attributes`).
+    pub fn want_attributes(&self, key: &ObjectKey) -> crate::store::AttributesWanted {
+        self.store.want_attributes(key)
+    }
+
     /// Like `get`, but the bytes are left where the read found them (the shard's pinned
     /// buffers, the DRAM tier's copy), so that a caller can copy them once, straight to where
     /// they go. `copied_bytes` says how many bytes the engine copied on the way.

@@ -535,6 +535,7 @@ impl EngineHandle {
     ) -> impl Future<Output = Result<Option<SharedRead>>> + Send + 'static {
         let shard = self.shard_of(&key);
         self.on_shard(shard, move |cache| async move {
+            let _wanted = described.then(|| cache.want_attributes(&key));
             for _ in 0..DESCRIBED_ATTEMPTS_MAX {
                 let Some(read) = cache.get_parts(&key, range).await? else {
                     return Ok(None);

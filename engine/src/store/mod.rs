@@ -18,6 +18,7 @@ mod stream;
 mod write;
 
 pub use checkpoint::{CheckpointPolicy, CHECKPOINT_EVERY_REGIONS_DEFAULT};
+pub use read::AttributesWanted;
 pub use stream::{PutStream, StreamedChunk};
 
 use std::cell::{Cell, RefCell};
@@ -335,6 +336,8 @@ pub struct Store {
     index: RefCell<Index>,
     /// Attributes of versions read recently (see `AttributesCache`).
     attributes_cache: RefCell<crate::attributes::AttributesCache>,
+    /// Keys whose attributes a read in progress wants (`want_attributes`), with how many.
+    attributes_wanted: RefCell<HashMap<ObjectKey, usize>>,
     /// Keys with puts or deletes in progress.
     pending: RefCell<HashMap<ObjectKey, PendingKey>>,
     /// Operations in progress (seq → region_seq of the region holding their first entry):
@@ -390,6 +393,7 @@ impl Store {
             }),
             index: RefCell::new(Index::default()),
             attributes_cache: RefCell::default(),
+            attributes_wanted: RefCell::default(),
             pending: RefCell::new(HashMap::new()),
             operations: RefCell::new(BTreeMap::new()),
             checkpoints: checkpoint::Checkpoints::new(parts.checkpoints, region_count),

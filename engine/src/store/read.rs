@@ -1,6 +1,8 @@
 //! The read path: an object (whole or a range) from its chunks, checked piece by piece where
 //! it lands (pinned buffers, or a same-host client's region).
 
+use std::rc::Rc;
+
 use super::*;
 
 impl Store {
@@ -315,9 +317,28 @@ impl Store {
         Ok(Some(attributes))
     }
 
-    /// Whether `record`'s version has attributes that this shard has not cached.
-    fn attributes_unread(&self, record: &ObjectRecord) -> bool {
-        record.described() && self.attributes_cache.borrow().get(record.seq).is_none()
+    /// Say that reads of `key` until the guard drops want its version's attributes too: a read
+    /// of the first chunk from the device then takes them from the header block (see
+    /// `read_chunk`). Reads that do not want them (the native protocol's) read no header for
+    /// them and leave the cache to those that do.
+    pub fn want_attributes(self: &Rc<Self>, key: &ObjectKey) -> AttributesWanted {
+        *self
+            .attributes_wanted
+            .borrow_mut()
+            .entry(key.clone())
+            .or_default() += 1;
+        AttributesWanted {
+            store: self.clone(),
+            key: key.clone(),
+        }
+    }
+
+    /// Whether a read of `key` wants the attributes of `record`'s version and this shard has
+    /// not cached them.
+    fn attributes_unread(&self, key: &ObjectKey, record: &ObjectRecord) -> bool {
+        record.described()
+            && self.attributes_wanted.borrow().contains_key(key)
+            && self.attributes_cache.borrow().get(record.seq).is_none()
     }
 
     /// Cache the attributes in `header`, the first chunk header of `record`'s version, read
@@ -352,7 +373,7 @@ impl Store {
         let piece_bytes = self.geometry.crc_block_bytes;
         if data_bytes <= piece_bytes {
             // The header block too, in the same read, when its attributes are wanted.
-            let header_bytes = if chunk == 0 && self.attributes_unread(record) {
+            let header_bytes = if chunk == 0 && self.attributes_unread(key, record) {
                 BLOCK_BYTES
             } else {
                 0
@@ -416,7 +437,7 @@ impl Store {
             None => &data.as_slice()[..BLOCK_BYTES],
         };
         let header = self.chunk_header(header_bytes, key, record, chunk, data_bytes)?;
-        if chunk == 0 && self.attributes_unread(record) {
+        if chunk == 0 && self.attributes_unread(key, record) {
             self.keep_attributes(record, &header);
         }
         let span = &data.as_slice()[data_start..data_start + (span_end - span_start) as usize];
@@ -535,4 +556,22 @@ pub(super) fn checked_span(data_bytes: u32, piece_bytes: u32, want: &Range<u32>)
     let first_piece = want.start / piece_bytes;
     let last_piece = (want.end - 1) / piece_bytes;
     first_piece * piece_bytes..data_bytes.min((last_piece + 1) * piece_bytes)
+}
+
+/// A read's wish for a key's attributes (`Store::want_attributes`), for as long as it lives.
+pub struct AttributesWanted {
+    store: Rc<Store>,
+    key: ObjectKey,
+}
+
+impl Drop for AttributesWanted {
+    fn drop(&mut self) {
+        let mut wanted = self.store.attributes_wanted.borrow_mut();
+        if let Some(count) = wanted.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                wanted.remove(&self.key);
+            }
+        }
+    }
 }

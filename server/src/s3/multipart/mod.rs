@@ -468,7 +468,8 @@ impl Gateway {
     /// checksum of one algorithm: the checksum of their checksums (decoded, one after the other)
     /// then `-` and their count (S3's COMPOSITE checksums; CRC64NVME has none). InvalidPart when
     /// `named` (the Complete's parts, one for each of `parts`) gives a part another checksum than
-    /// it was sent with.
+    /// the one it kept. (A part whose checksum came in the trailer of a body of several chunks
+    /// kept none: it was verified, but not kept, so the upload has no checksum to answer.)
     async fn composite_checksum(
         &self,
         parts: &[StagedPart],
@@ -499,8 +500,8 @@ impl Gateway {
                 &given.checksum_sha1,
                 &given.checksum_sha256,
             ));
-            if let Some((algorithm, value)) = given {
-                if sum.as_ref() != Some(&(algorithm.clone(), value.clone())) {
+            if let (Some((algorithm, value)), Some(kept)) = (given, sum) {
+                if *kept != (algorithm.clone(), value.clone()) {
                     return Err(s3_error!(
                         InvalidPart,
                         "part {} was not uploaded with the {algorithm} checksum {value}",
