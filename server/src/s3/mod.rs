@@ -24,6 +24,7 @@ mod body;
 mod buckets;
 mod chunked;
 mod errors;
+mod get;
 mod multipart;
 mod objects;
 mod plain_get;

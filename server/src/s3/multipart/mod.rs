@@ -35,10 +35,8 @@ mod staged;
 use super::attributes::{checksum_among, given, with_checksum};
 use super::body::{announced_bytes, checksum_of, request_body, BodyCheck, Trailers, Verified};
 use super::errors::s3_error as engine_error;
-use super::objects::{
-    check_source_conditions, chunk_stream, etag_of, last_modified, last_modified_of, Found,
-    Gateway, Terms,
-};
+use super::get::{check_source_conditions, chunk_stream, Found};
+use super::objects::{etag_of, last_modified, last_modified_of, Gateway, Terms};
 
 /// Uploads in progress on this node at most (all buckets); CreateMultipartUpload answers
 /// SlowDown beyond, until some complete or are aborted.
