@@ -88,7 +88,7 @@ const ORIGIN_BUCKET: &str = "hydrant-s3-endpoint-origin";
 /// proxy): objects put straight into the origin are read through hydrant whole and by range;
 /// objects put through hydrant into a write-back bucket while the origin is down are
 /// acknowledged, and reach the origin byte-exact after it is back and FLUSH (the large ones in
-/// parts); deletes through hydrant delete at the origin. boto3 does the S3 side in three
+/// parts, the others with the checksum their writer sent); deletes through hydrant delete at the origin. boto3 does the S3 side in three
 /// phases; the FLUSH between the second and the third is a native-protocol request.
 #[test]
 fn boto3_reads_through_and_writes_back_to_an_s3_origin() {
@@ -154,6 +154,7 @@ fn boto3_reads_through_and_writes_back_to_an_s3_origin() {
         "written/small-default",
         "written/large-default",
         "written/large-sha256",
+        "written/medium-sha256",
     ]
     .map(|key| format!("{origin_prefix}/{key}"));
     let at_origin = s3.list(ORIGIN_BUCKET);
@@ -186,4 +187,78 @@ fn boto3_reads_through_and_writes_back_to_an_s3_origin() {
         Vec::<String>::new(),
         "deletes through hydrant left nothing at the origin"
     );
+}
+
+/// Write-back to an S3 origin that verifies every signature and checksum (a second hydrant,
+/// with credentials): the objects boto3 writes with each of S3's checksums reach it in PUTs
+/// that carry that checksum and the objects' headers, signed, and it keeps them.
+#[test]
+fn written_back_puts_carry_their_checksums_to_an_origin_that_checks_signatures() {
+    const ACCESS_KEY: &str = "write-back";
+    const SECRET: &str = "a secret of sixteen bytes or more";
+    let origin_scratch = Scratch::new("s3-signed-origin");
+    let credentials = origin_scratch.path().join("credentials.toml");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[[key]]\naccess_key_id = \"{ACCESS_KEY}\"\nsecret_access_key = \"{SECRET}\"\nwrite = [\"*\"]\n"
+        ),
+    )
+    .unwrap();
+    let origin = ServerProcess::start(
+        origin_scratch.path(),
+        512,
+        &[
+            "--s3-listen",
+            "127.0.0.1:0",
+            "--origin",
+            "none",
+            "--s3-credentials",
+            credentials.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let origin_endpoint = origin.s3_endpoint();
+    let env = [
+        ("AWS_ENDPOINT", origin_endpoint.clone()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET.to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+    ];
+    let scratch = Scratch::new("s3-signed-writer");
+    let server = ServerProcess::start(
+        scratch.path(),
+        512,
+        &[
+            "--s3-listen",
+            "127.0.0.1:0",
+            "--origin",
+            "none",
+            "--bucket",
+            "ckpt=s3://checkpoints,write=back",
+        ],
+        &env,
+    );
+    let endpoint = server.s3_endpoint();
+    let phase = |name: &str| {
+        run_script_with(
+            "boto3_signed_origin.py",
+            &[
+                name,
+                &endpoint,
+                &origin_endpoint,
+                "checkpoints",
+                "ckpt",
+                ACCESS_KEY,
+                SECRET,
+            ],
+        )
+    };
+    phase("write");
+    server
+        .client()
+        .flush(Some("ckpt"), "", Duration::from_secs(60))
+        .expect("FLUSH: every upload reached the origin");
+    phase("flushed");
 }

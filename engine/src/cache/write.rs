@@ -100,6 +100,7 @@ impl Cache {
                 let described =
                     crate::attributes::Attributes::decode(&attributes).unwrap_or_default();
                 let kept = remote::origin_attributes(&route, &described);
+                let checksum = described.checksum.clone();
                 // What the origin keeps of them is what a read through it later says.
                 let described = if kept.is_empty() {
                     Default::default()
@@ -116,6 +117,7 @@ impl Cache {
                             path,
                             data.clone(),
                             kept,
+                            checksum,
                         ))
                         .await?
                 };

@@ -363,6 +363,8 @@ pub(crate) struct Route {
     pub folder: Option<std::path::PathBuf>,
     /// Pauses uploads here after SlowDown answers.
     pub throttle: parts::Throttle,
+    /// For S3: PUTs that carry the writer's checksum.
+    pub signed: Option<Arc<remote::SignedPuts>>,
 }
 
 impl Route {
@@ -455,6 +457,7 @@ struct DefaultOrigin {
     parts: Option<Arc<dyn MultipartStore>>,
     prefix: Option<Path>,
     folder: Option<std::path::PathBuf>,
+    signed: Option<Arc<remote::SignedPuts>>,
     url: String,
 }
 
@@ -563,6 +566,7 @@ impl Origins {
                 parts: opened.parts,
                 prefix: opened.prefix,
                 folder: opened.folder,
+                signed: opened.signed,
                 url: url.trim_end_matches('/').to_string(),
             });
         }
@@ -607,6 +611,7 @@ impl Origins {
             listing_sorted: !default.url.starts_with("file://"),
             folder: default.folder.clone(),
             throttle: parts::Throttle::default(),
+            signed: default.signed.clone(),
         });
         if routes.len() >= DEFAULT_ROUTES_MAX {
             if let Some(victim) = routes.keys().next().cloned() {
@@ -630,6 +635,7 @@ impl Origins {
             listing_sorted: !origin.url.starts_with("file://"),
             folder: opened.folder,
             throttle: parts::Throttle::default(),
+            signed: opened.signed,
         })
     }
 

@@ -497,6 +497,7 @@ mod tests {
             listing_sorted: true,
             folder: None,
             throttle: Throttle::default(),
+            signed: None,
         })
     }
 

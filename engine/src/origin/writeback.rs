@@ -442,6 +442,7 @@ async fn upload_version(
                     path,
                     data,
                     attributes,
+                    described.checksum.clone(),
                 ))
                 .await?,
         )

@@ -52,6 +52,7 @@ READ_ATTRIBUTES = {
 # Objects put through hydrant: (seed, size, checksum algorithm or None for boto3's default).
 WRITTEN = {
     "written/small-default": (11, 300_001, None),
+    "written/medium-sha256": (14, (6 << 20) + 5, "SHA256"),
     "written/large-default": (12, (20 << 20) + 4_321, None),
     "written/large-sha256": (13, (18 << 20) + 77, "SHA256"),
 }
@@ -63,6 +64,7 @@ ATTRIBUTES = {
     "written/small-default": {"ContentType": "application/json", "CacheControl": "max-age=60", "Metadata": {"epoch": "1"}},
     "written/large-default": {"ContentType": "application/x-tar", "ContentDisposition": "attachment", "Metadata": {"shard": "7", "rank": "0"}},
     "written/large-sha256": {},
+    "written/medium-sha256": {"ContentType": "application/octet-stream", "Metadata": {"step": "100"}},
 }
 
 
@@ -214,6 +216,11 @@ def origin_object(key):
     return len(body), sha256(body), got["ETag"].strip('"')
 
 
+def checksums_of(answer):
+    """The whole object's checksums an answer gives, by field name."""
+    return {field: value for field, value in answer.items() if field.startswith("Checksum") and field != "ChecksumType"}
+
+
 def flushed_phase():
     expected_at_origin = sorted(origin_key(key) for key in list(READ) + list(WRITTEN))
     assert origin_keys("") == expected_at_origin, origin_keys("")
@@ -232,6 +239,13 @@ def flushed_phase():
         want = {"ContentType": "binary/octet-stream", "Metadata": {}, **ATTRIBUTES[key]}
         got = {field: at_origin.get(field) for field in want}
         assert got == want, (key, got, want)
+        # An object that went in one PUT went with the checksum its writer sent, which the
+        # origin verified and keeps.
+        if size <= MULTIPART_ABOVE_BYTES:
+            sent = checksums_of(hydrant.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED"))
+            assert sent, f"hydrant answers the checksum {key} was written with"
+            kept = checksums_of(origin.head_object(Bucket=origin_bucket, Key=origin_key(key), ChecksumMode="ENABLED"))
+            assert kept == sent, (key, kept, sent)
     # Every object is still served and listed through hydrant after the FLUSH.
     for key, (seed, size, _) in WRITTEN.items():
         check_whole(key, contents(seed, size))
@@ -243,6 +257,7 @@ def flushed_phase():
     # Deletes through hydrant delete at the origin before they are answered
     # (docs/architecture.md: DELETE writes the tombstone, then deletes at the origin): no FLUSH.
     hydrant.delete_object(Bucket=bucket, Key="written/small-default")
+    hydrant.delete_object(Bucket=bucket, Key="written/medium-sha256")
     hydrant.delete_object(Bucket=bucket, Key="read/small")
     many = ["written/large-default", "written/large-sha256", "read/large"]
     deleted = hydrant.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in many]})

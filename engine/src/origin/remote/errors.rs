@@ -43,15 +43,7 @@ pub(super) fn origin_error(
 pub(super) fn is_permanent(error: &object_store::Error) -> bool {
     use object_store::Error as Store;
     let message = error.to_string();
-    let transient_words = [
-        "RequestTimeTooSkewed",
-        "ExpiredToken",
-        "TokenRefreshRequired",
-        "RequestExpired",
-        "RequestTimeout",
-        "OperationAborted",
-    ];
-    if transient_words.iter().any(|word| message.contains(word)) {
+    if is_transient_code(&message) {
         return false;
     }
     // Local-folder errors carry the io::Error; HTTP ones their status in the message
@@ -79,19 +71,45 @@ pub(super) fn is_permanent(error: &object_store::Error) -> bool {
         | Store::NotSupported { .. }
         | Store::NotImplemented { .. }
         | Store::UnknownConfigurationKey { .. } => true,
-        _ => http_status(&message).is_some_and(|status| match status {
-            401 | 403 | 405 | 411 | 413 | 414 => true,
-            400 => [
-                "KeyTooLong",
-                "InvalidBucketName",
-                "EntityTooLarge",
-                "MetadataTooLarge",
-                "InvalidArgument",
-            ]
-            .iter()
-            .any(|code| message.contains(code)),
-            _ => false,
-        }),
+        _ => http_status(&message).is_some_and(|status| refused_status(status, &message)),
+    }
+}
+
+/// Error codes that refuse a request only for now, whatever its status (a skewed clock, an
+/// expired token, a request the origin gave up waiting for).
+fn is_transient_code(message: &str) -> bool {
+    [
+        "RequestTimeTooSkewed",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "RequestExpired",
+        "RequestTimeout",
+        "OperationAborted",
+    ]
+    .iter()
+    .any(|code| message.contains(code))
+}
+
+/// Whether an HTTP answer of `status`, whose error says `message`, will be the same however
+/// often the request is retried (see `is_permanent`). A BadDigest (the bytes differ from the
+/// checksum they were sent with) is too: the same bytes are sent again.
+pub(super) fn refused_status(status: u16, message: &str) -> bool {
+    if is_transient_code(message) {
+        return false;
+    }
+    match status {
+        401 | 403 | 405 | 411 | 413 | 414 => true,
+        400 => [
+            "KeyTooLong",
+            "InvalidBucketName",
+            "EntityTooLarge",
+            "MetadataTooLarge",
+            "InvalidArgument",
+            "BadDigest",
+        ]
+        .iter()
+        .any(|code| message.contains(code)),
+        _ => false,
     }
 }
 

@@ -11,11 +11,13 @@ use bytes::Bytes;
 mod errors;
 mod open;
 mod read;
+mod signed;
 mod write;
 
 pub(crate) use errors::check_nameable;
 pub(super) use open::open_store;
 pub(crate) use read::{fetch, head, list};
+pub(crate) use signed::SignedPuts;
 pub(crate) use write::{
     abort_upload, complete_upload, create_upload, delete, finish_multipart, origin_attributes, put,
     put_part, start_multipart, upload_part, Completion, PartAnswer,

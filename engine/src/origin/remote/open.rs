@@ -20,6 +20,8 @@ pub(in crate::origin) struct Opened {
     pub prefix: Option<Path>,
     /// For a local folder: the folder the store's paths are under.
     pub folder: Option<std::path::PathBuf>,
+    /// For S3: PUTs that carry the writer's checksum.
+    pub signed: Option<Arc<super::SignedPuts>>,
 }
 
 /// Open the store for an origin URL: configured by the environment's variables, with
@@ -51,6 +53,7 @@ pub(in crate::origin) fn open_store(
             parts: None,
             prefix: None,
             folder: Some(root.into()),
+            signed: None,
         });
     }
     let (scheme, rest) = url.split_once("://").expect("checked URL");
@@ -102,14 +105,17 @@ pub(in crate::origin) fn open_store(
             }
         };
     }
+    let mut signed = None;
     let (store, parts): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match scheme {
         "s3" => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             let build = store_builder!(AmazonS3Builder, AmazonS3ConfigKey, "endpoint");
-            (
-                build(config.request_timeout)?,
-                build(config.upload_timeout)?,
-            )
+            let parts = build(config.upload_timeout)?;
+            signed = Some(Arc::new(super::SignedPuts::new(
+                parts.clone(),
+                config.upload_timeout,
+            )?));
+            (build(config.request_timeout)?, parts)
         }
         "gs" => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -134,6 +140,7 @@ pub(in crate::origin) fn open_store(
         parts: Some(parts),
         prefix,
         folder: None,
+        signed,
     })
 }
 

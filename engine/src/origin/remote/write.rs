@@ -87,15 +87,24 @@ pub(crate) fn origin_attributes(
     kept
 }
 
+/// Put `data` at `path` with `attributes`, and with the writer's `checksum` (S3's algorithm
+/// name and base64 value) where the origin can be given it (an S3 origin, a checksum of the
+/// whole object): the origin verifies it and keeps it with the object.
 pub(crate) async fn put(
     origins: Arc<Origins>,
     route: Arc<Route>,
     path: Path,
     data: Bytes,
     attributes: object_store::Attributes,
+    checksum: Option<(String, String)>,
 ) -> Result<Option<String>> {
     origins.counters.puts.fetch_add(1, Ordering::Relaxed);
     remove_stale_staged(&origins, &route, &path).await;
+    let checksum = checksum.as_ref().and_then(super::signed::checksum_headers);
+    if let (Some(checksum), Some(signed)) = (checksum, &route.signed) {
+        return super::signed::put(&origins, &route, signed, &path, data, checksum, &attributes)
+            .await;
+    }
     let bytes = data.len() as u64;
     let options = object_store::PutOptions {
         attributes,
