@@ -59,6 +59,13 @@ impl Attributes {
         *self == Attributes::default()
     }
 
+    /// Whether the checksum's value is still to be read from the version's last chunk header
+    /// (`checksum` names its algorithm with an empty value): a first chunk's header says so of
+    /// a checksum that came after the body. Never so in attributes a store answers.
+    pub fn checksum_pending(&self) -> bool {
+        matches!(&self.checksum, Some((_, value)) if value.is_empty())
+    }
+
     fn fields(&self) -> [(u8, &Option<String>); 6] {
         [
             (TAG_CONTENT_TYPE, &self.content_type),
@@ -174,9 +181,12 @@ impl Attributes {
                                 })
                         };
                         let (sum, parts) = value.split_once('-').unwrap_or((&value, "1"));
+                        // Empty: the value is in the version's last chunk header (a checksum
+                        // that came in a trailer after the first chunk was written).
+                        let pending = value.is_empty();
                         if attributes.checksum.is_some()
                             || !CHECKSUM_ALGORITHMS.contains(&name.as_str())
-                            || !base64(sum)
+                            || !(pending || base64(sum))
                             || !parts.bytes().all(|byte| byte.is_ascii_digit())
                             || !(1..=10_000u32).contains(&parts.parse().unwrap_or(0))
                         {
@@ -304,7 +314,8 @@ mod tests {
         for checksum in [
             ("MD5", "yZRlqg=="),
             ("CRC32C", "yZ\r\nlqg=="),
-            ("CRC32C", ""),
+            ("CRC32C", "-"),
+            ("CRC32C", "-2"),
             ("CRC32C", "yZRlqg==-"),
             ("CRC32C", "yZRlqg==-x"),
             ("CRC32C", "yZRlqg==-0"),
@@ -333,6 +344,15 @@ mod tests {
         };
         let bytes = composite.encode().unwrap();
         assert_eq!(Attributes::decode(&bytes), Some(composite));
+        let pending = Attributes {
+            checksum: Some(("CRC32C".into(), String::new())),
+            ..Default::default()
+        };
+        assert!(pending.checksum_pending());
+        assert_eq!(
+            Attributes::decode(&pending.encode().unwrap()),
+            Some(pending)
+        );
     }
 
     #[test]

@@ -735,3 +735,81 @@ fn a_get_from_nvme_takes_the_attributes_from_the_header_it_reads() {
     assert_eq!(attributes, described(name));
     assert_eq!(attribute_reads(&engine), 1);
 }
+
+/// A checksum known only once every byte has come (an S3 trailer) goes in the last chunk's
+/// header of a streamed put: the first chunk's attributes name its algorithm, and GET and HEAD
+/// answer the value, from the header they read, after the store is reopened too. A put whose
+/// value never came answers no checksum, never the empty promise.
+#[test]
+fn a_checksum_given_with_the_last_chunk_is_answered_from_its_header() {
+    use hydrant_engine::{Attributes, ObjectKey, Precondition};
+    let dir = TempDir::new("closing-checksum");
+    let path = dir.file("data.hyd");
+    let open = || Engine::open(config(&path, 48 * MIB, 1, 4)).unwrap();
+    let engine = open();
+    let key = |name: &str| ObjectKey::new("data", name).unwrap();
+    let chunk_bytes = engine.chunk_bytes() as usize;
+    let promised = Attributes {
+        content_type: Some("application/x-tar".into()),
+        checksum: Some(("SHA256".into(), String::new())),
+        ..Default::default()
+    };
+    let value = "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=";
+    // (name, bytes, the value given with the last chunk)
+    let objects = [
+        ("two-chunks", 2 * chunk_bytes - 100, Some(value)),
+        ("three-chunks", 2 * chunk_bytes + 1, Some(value)),
+        ("never-given", 2 * chunk_bytes, None),
+    ];
+    for (index, (name, bytes, given)) in objects.iter().enumerate() {
+        let data = pattern(index as u64, *bytes);
+        let (sink, done) = engine
+            .put_stream_key(key(name), *bytes as u64, Precondition::Any, &promised)
+            .unwrap();
+        let done = std::thread::spawn(move || block_on(done));
+        for (at, piece) in data.chunks(chunk_bytes).enumerate() {
+            let mut chunk = block_on(engine.streamed_chunk(piece.len()));
+            chunk.data.extend_from_slice(piece);
+            if (at + 1) * chunk_bytes >= *bytes {
+                chunk.checksum = given.map(|value| ("SHA256".to_string(), value.to_string()));
+            }
+            assert!(block_on(sink.send(chunk)));
+        }
+        drop(sink);
+        done.join().unwrap().unwrap();
+    }
+    let expected = |given: Option<&str>| Attributes {
+        checksum: given.map(|value| ("SHA256".to_string(), value.to_string())),
+        ..promised.clone()
+    };
+    let check = |engine: &Engine| {
+        for (index, (name, bytes, given)) in objects.iter().enumerate() {
+            let (_, attributes) = block_on(engine.head_described(key(name)))
+                .unwrap()
+                .expect("stored");
+            assert_eq!(attributes, expected(*given), "{name}: HEAD");
+            let read = block_on(engine.get_shared_described(key(name), None))
+                .unwrap()
+                .expect("stored");
+            assert_eq!(read.attributes, expected(*given), "{name}: GET");
+            assert!(read.data[..] == pattern(index as u64, *bytes)[..], "{name}");
+        }
+    };
+    check(&engine);
+    engine.close();
+    // Reopened: nothing cached; a GET reads the first chunk's header with the data, then the
+    // last chunk's for the value.
+    let engine = open();
+    for (index, (name, bytes, given)) in objects.iter().enumerate() {
+        let read = block_on(engine.get_shared_described(key(name), None))
+            .unwrap()
+            .expect("stored");
+        assert_eq!(
+            read.attributes,
+            expected(*given),
+            "{name}: GET after reopening"
+        );
+        assert!(read.data[..] == pattern(index as u64, *bytes)[..], "{name}");
+    }
+    check(&engine);
+}

@@ -1332,9 +1332,8 @@ fn an_unsigned_aws_chunked_put_is_decoded_and_its_trailing_checksum_checked() {
         &data,
         "an upload of aws-chunked parts",
     );
-    // A part of several chunks whose checksum comes in the trailer: verified and answered, but
-    // not kept (its first chunk was written before the trailer came). A Complete naming it is
-    // taken all the same, and the object has no checksum to answer.
+    // A part of several chunks whose checksum comes in the trailer: verified, answered and kept
+    // (with its last chunk), so the object answers the COMPOSITE checksum of its one part.
     let large = object_bytes(62, 2 * CHUNK_BYTES + 4321);
     let created = bodiless(&address, "POST", &format!("/{BUCKET}/trailed?uploads"));
     let id = xml_field(&created, "UploadId").expect("an UploadId");
@@ -1362,7 +1361,11 @@ fn an_unsigned_aws_chunked_put_is_decoded_and_its_trailing_checksum_checked() {
         "GET /{BUCKET}/trailed HTTP/1.1\r\nHost: s3\r\nx-amz-checksum-mode: ENABLED\r\nConnection: close\r\n\r\n"
     );
     let answer = answered(exchange(&address, request.as_bytes()), "GET");
-    assert_eq!(answer.header("x-amz-checksum-crc32c"), None);
+    let composite = format!("{}-1", crc32c_base64(&crc32c::crc32c(&large).to_be_bytes()));
+    assert_eq!(
+        answer.header("x-amz-checksum-crc32c"),
+        Some(composite.as_str())
+    );
     assert_serves(&address, "aws-chunked PUTs");
 }
 

@@ -129,6 +129,19 @@ fn plain_gets_answer_as_s3s_does() {
         ],
         &trailed,
     );
+    // A trailer after a body of three chunks: its value is kept with the last one.
+    let large_trailed = aws_chunked(&large, 64 << 10, &large_summed);
+    let large_decoded = large.len().to_string();
+    put(
+        "/plain/large-trailed",
+        &[
+            ("Content-Encoding", "aws-chunked"),
+            ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+            ("x-amz-trailer", "x-amz-checksum-crc32c"),
+            ("x-amz-decoded-content-length", &large_decoded),
+        ],
+        &large_trailed,
+    );
     // A checksum both in a header and in a trailer is refused (only one would be verified),
     // and nothing is stored.
     let wrong = crc32c_base64(b"other bytes");
@@ -160,6 +173,7 @@ fn plain_gets_answer_as_s3s_does() {
         ("/plain/summed", Some("bytes=10-19")),
         ("/plain/trailed", None),
         ("/plain/large-summed", None),
+        ("/plain/large-trailed", None),
         ("/plain/dressed", Some("bytes=10-19")),
         ("/plain/dressed", Some("bytes=-7")),
         ("/plain/dressed", Some("bytes=4990-")),
@@ -209,6 +223,7 @@ fn plain_gets_answer_as_s3s_does() {
         ("/plain/summed", &summed),
         ("/plain/trailed", &summed),
         ("/plain/large-summed", &large_summed),
+        ("/plain/large-trailed", &large_summed),
     ] {
         let answer = exchange(&address, "GET", path, &asked, b"");
         assert_eq!(
@@ -237,7 +252,7 @@ fn plain_gets_answer_as_s3s_does() {
         b"",
     );
     assert_eq!(header(&ranged, "x-amz-checksum-crc32c"), None);
-    let plain_before = plain_before + 3 + 3 + 1;
+    let plain_before = plain_before + 4 + 4 + 1;
     // The bodies are the objects' bytes, and the errors what they should be.
     let whole = exchange(&address, "GET", "/plain/large", &[], b"");
     assert_eq!(whole.status, 200);

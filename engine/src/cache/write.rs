@@ -294,6 +294,12 @@ impl Cache {
             if let Some(md5) = chunk_data.md5 {
                 put.set_md5(md5);
             }
+            if let Some(checksum) = &chunk_data.checksum {
+                put.set_closing_attributes(&crate::Attributes {
+                    checksum: Some(checksum.clone()),
+                    ..Default::default()
+                });
+            }
             put.write_chunk(data).await?;
             // The chunk's memory (and its room in the node's bound) goes back now.
             drop(chunk_data);

@@ -208,6 +208,7 @@ impl EngineHandle {
                 return Some(StreamedChunk {
                     data: Vec::with_capacity(bytes as usize),
                     md5: None,
+                    checksum: None,
                     held: self.streamed_bytes.clone(),
                     bytes,
                 });

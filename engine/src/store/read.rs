@@ -291,9 +291,42 @@ impl Store {
         if let Some(cached) = self.attributes_cache.borrow().get(seq) {
             return Ok(Some((*cached).clone()));
         }
+        let mut attributes = self.header_attributes(key, &record, location, 0).await?;
+        if attributes.checksum_pending() {
+            // The checksum came after the body: its value is in the last chunk's header.
+            let last = record.chunks.as_slice().len() - 1;
+            let closing = match last {
+                0 => Attributes::default(),
+                _ => {
+                    let location = record.chunks.get(last);
+                    self.header_attributes(key, &record, location, last).await?
+                }
+            };
+            let algorithm = attributes.checksum.take().map(|(algorithm, _)| algorithm);
+            attributes.checksum = closing
+                .checksum
+                .filter(|(named, value)| Some(named) == algorithm.as_ref() && !value.is_empty());
+        }
+        self.attributes_cache
+            .borrow_mut()
+            .insert(seq, std::rc::Rc::new(attributes.clone()));
+        Ok(Some(attributes))
+    }
+
+    /// The attributes in the header of chunk `chunk` of `record`'s version, at `location`,
+    /// read and checked.
+    async fn header_attributes(
+        &self,
+        key: &ObjectKey,
+        record: &ObjectRecord,
+        location: Location,
+        chunk: usize,
+    ) -> Result<Attributes> {
         let region = location.region as usize;
         let offset = self.device_offset(region, location.block as u64);
         let (result, buf) = {
+            // The region's reader count keeps it from being reused while it is read (a
+            // relocated copy leaves this one as it was).
             let _reader = RegionReader::new(self, region);
             read_at(
                 self.file_of(region),
@@ -304,17 +337,13 @@ impl Store {
             .await
         };
         self.check_read(result, BLOCK_BYTES, region)?;
-        let first_chunk_bytes = record.bytes.min(self.geometry.chunk_bytes as u64) as u32;
-        // The region's reader count keeps it from being reused while it is read (a relocated
-        // copy leaves this one as it was).
-        let header = self.chunk_header(buf.as_slice(), key, &record, 0, first_chunk_bytes)?;
+        let chunk_bytes = self.geometry.chunk_bytes as u64;
+        let data_bytes = (record.bytes - chunk as u64 * chunk_bytes).min(chunk_bytes) as u32;
+        let header = self.chunk_header(buf.as_slice(), key, record, chunk, data_bytes)?;
         let attributes = Attributes::decode(&header.attributes)
-            .ok_or_else(|| self.checksum_failed(key, &record, 0, "attributes"))?;
+            .ok_or_else(|| self.checksum_failed(key, record, chunk, "attributes"))?;
         self.count(|counters| counters.attribute_reads += 1);
-        self.attributes_cache
-            .borrow_mut()
-            .insert(seq, std::rc::Rc::new(attributes.clone()));
-        Ok(Some(attributes))
+        Ok(attributes)
     }
 
     /// Say that reads of `key` until the guard drops want its version's attributes too: a read
@@ -345,7 +374,9 @@ impl Store {
     /// and checked (`chunk_header`) for its data. Ones that do not decode are left for
     /// `attributes` to read and report.
     fn keep_attributes(&self, record: &ObjectRecord, header: &EntryHeader) {
-        if let Some(attributes) = Attributes::decode(&header.attributes) {
+        // A checksum still to be read from the last chunk's header is left for `attributes`.
+        let decoded = Attributes::decode(&header.attributes);
+        if let Some(attributes) = decoded.filter(|attributes| !attributes.checksum_pending()) {
             self.attributes_cache
                 .borrow_mut()
                 .insert(record.seq, std::rc::Rc::new(attributes));

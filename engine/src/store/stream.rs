@@ -21,6 +21,10 @@ pub struct StreamedChunk {
     /// The version's MD5 tag, on the last chunk of a put whose writer computed one (it is
     /// known only once every byte has come).
     pub md5: Option<Md5Tag>,
+    /// The whole object's checksum (S3's algorithm name and base64 value), on the last chunk of
+    /// a put whose first chunk's attributes promised it (`Attributes::checksum_pending`): it
+    /// came after the body, and goes in the last chunk's header.
+    pub checksum: Option<(String, String)>,
     pub(crate) held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) bytes: u64,
 }
@@ -42,6 +46,9 @@ pub struct PutStream {
     stamp: Stamp,
     /// Its encoded attributes, for the first chunk's header (empty for none).
     attributes: Vec<u8>,
+    /// Encoded attributes for the last chunk's header (a checksum known only at the end;
+    /// empty for none).
+    closing_attributes: Vec<u8>,
     chunk_count: usize,
     /// The operation's seq, once its first chunk is placed.
     seq: Option<u64>,
@@ -74,6 +81,7 @@ impl Store {
             dirty,
             stamp: Stamp::now(),
             attributes,
+            closing_attributes: Vec::new(),
             chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as usize,
             seq: None,
             placed: Vec::new(),
@@ -110,10 +118,38 @@ impl PutStream {
         self.chunk_count
     }
 
+    /// Put the attributes chunk `chunk`'s header carries into `header`: the first chunk's,
+    /// or the closing ones on the last.
+    fn header_attributes(&mut self, header: &mut EntryHeader, chunk: usize) {
+        if chunk == 0 {
+            header.attributes = std::mem::take(&mut self.attributes);
+        } else if chunk + 1 == self.chunk_count {
+            header.attributes = std::mem::take(&mut self.closing_attributes);
+        }
+    }
+
     /// The version's MD5 tag, given before its last chunk is written (whose header carries it:
     /// the bytes of a streamed put are known only once they have all come).
     pub fn set_md5(&mut self, md5: Md5Tag) {
         self.stamp.md5 = Some(md5);
+    }
+
+    /// Attributes for the last chunk's header, given before it is written: the whole object's
+    /// checksum that came after the body, which the first chunk's attributes said would be
+    /// there. Left out (and the checksum then unknown) where they do not fit beside the key and
+    /// the chunk's checksums, or where the object has one chunk (its attributes are complete).
+    pub fn set_closing_attributes(&mut self, attributes: &crate::Attributes) {
+        let last = self.chunk_count - 1;
+        let Ok(encoded) = attributes.encode() else {
+            return;
+        };
+        let fits = self
+            .store
+            .check_attributes_room(&self.key, self.chunk_len(last), &encoded)
+            .is_ok();
+        if last > 0 && fits {
+            self.closing_attributes = encoded;
+        }
     }
 
     /// Chunks written so far.
@@ -143,10 +179,8 @@ impl PutStream {
         };
         let mut header =
             store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
-        if chunk == 0 {
-            header.attributes = std::mem::take(&mut self.attributes);
-        }
-        let described = !header.attributes.is_empty();
+        self.header_attributes(&mut header, chunk);
+        let described = chunk == 0 && !header.attributes.is_empty();
         let buf = store.entry_buffer(&header, data);
         let place = match self.seq {
             None => {
@@ -236,10 +270,8 @@ impl PutStream {
             let mut header =
                 store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
             debug_assert_eq!(header.entry_bytes(), entry_bytes);
-            if chunk == 0 {
-                header.attributes = std::mem::take(&mut self.attributes);
-            }
-            self.described |= !header.attributes.is_empty();
+            self.header_attributes(&mut header, chunk);
+            self.described |= chunk == 0 && !header.attributes.is_empty();
             let place = match self.seq {
                 None => match store.allocate_operation(entry_bytes, &self.key).await {
                     Ok((place, seq)) => {

@@ -95,6 +95,15 @@ impl BodyCheck {
         &self.expected
     }
 
+    /// The algorithm (as S3 names it) of the checksum promised in a trailer, if one is.
+    pub(super) fn promised(&self) -> Option<String> {
+        let name = self.trailer.as_deref()?.strip_prefix("x-amz-checksum-")?;
+        let algorithm = name.to_ascii_uppercase();
+        hydrant_engine::CHECKSUM_ALGORITHMS
+            .contains(&algorithm.as_str())
+            .then_some(algorithm)
+    }
+
     fn update(&mut self, data: &[u8]) {
         use s3s::crypto::Checksum as _;
         if let Some((md5, _)) = &mut self.md5 {

@@ -101,9 +101,9 @@ pub(super) struct Terms {
     pub md5: Option<Md5Tag>,
     /// Its Content-Type, user metadata and the rest (see `attributes`).
     pub attributes: Attributes,
-    /// Keep the whole object's checksum the sender gave with the version (a PUT's), where it
-    /// is known before the version's first chunk is written: given in a header, or in a
-    /// trailer of a body of one chunk.
+    /// Keep the whole object's checksum the sender gave with the version (a PUT's, a part's):
+    /// given in a header, or in a trailer (of a body of several chunks, its value goes in the
+    /// last chunk's header).
     pub keep_checksum: bool,
 }
 
@@ -213,11 +213,16 @@ impl Gateway {
             return Ok((meta, sums));
         }
         if keep_checksum {
-            // Verified before the last chunk goes, so before the version is visible.
-            attributes = with_checksum(attributes, checksum_among(check.announced()), |kept| {
+            // Verified before the last chunk goes, so before the version is visible. One that
+            // comes in a trailer is known only then: the first chunk names its algorithm, and
+            // the last chunk's header holds its value.
+            let checksum = checksum_among(check.announced())
+                .or_else(|| check.promised().map(|algorithm| (algorithm, String::new())));
+            attributes = with_checksum(attributes, checksum, |kept| {
                 self.engine.attributes_fit(&key, bytes, kept)
             });
         }
+        let pending = attributes.checksum_pending();
         let (sink, done) = self
             .engine
             .put_stream_key(key, bytes, precondition, &attributes)
@@ -249,6 +254,9 @@ impl Gateway {
                         {
                             Ok(verified) => {
                                 chunk.md5 = md5.or(verified.md5.map(Md5Tag::whole));
+                                if pending {
+                                    chunk.checksum = checksum_among(&verified.sums);
+                                }
                                 sums = Some(verified);
                                 Ok(())
                             }

@@ -48,10 +48,11 @@ impl SignedPuts {
 }
 
 /// The headers that say `checksum` (S3's algorithm name and its base64 value) in a PUT, or
-/// `None` for a checksum a PUT cannot carry (a composite one, of an upload's parts).
+/// `None` for a checksum a PUT cannot carry (a composite one, of an upload's parts, or one not
+/// yet known).
 pub(crate) fn checksum_headers(checksum: &(String, String)) -> Option<Vec<(String, String)>> {
     let (algorithm, value) = checksum;
-    if value.contains('-') {
+    if value.is_empty() || value.contains('-') {
         return None;
     }
     Some(vec![

@@ -466,8 +466,8 @@ impl Gateway {
     /// checksum of one algorithm: the checksum of their checksums (decoded, one after the other)
     /// then `-` and their count (S3's COMPOSITE checksums; CRC64NVME has none). InvalidPart when
     /// `named` (the Complete's parts, one for each of `parts`) gives a part another checksum than
-    /// the one it kept. (A part whose checksum came in the trailer of a body of several chunks
-    /// kept none: it was verified, but not kept, so the upload has no checksum to answer.)
+    /// the one it kept. (A part that kept none, its checksum crowded out of its first chunk's
+    /// header by a long key, leaves the upload with none to answer.)
     async fn composite_checksum(
         &self,
         parts: &[StagedPart],
