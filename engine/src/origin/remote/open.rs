@@ -84,7 +84,7 @@ pub(in crate::origin) fn open_store(
     // it); hydrant's own limits last, so that no setting replaces them.
     macro_rules! store_builder {
         ($builder:ident, $key:ident, $endpoint_name:literal) => {
-            |timeout: Duration| {
+            |timeout: Duration| -> Result<$builder> {
                 let mut builder = match settings.from_file {
                     true => $builder::new(),
                     false => $builder::from_env(),
@@ -93,45 +93,73 @@ pub(in crate::origin) fn open_store(
                 for (name, value) in store_settings(url, settings, $endpoint_name)? {
                     builder = builder.with_config(setting(url, &name)?, value);
                 }
-                builder
-                    .with_retry(retry(timeout))
-                    .with_config(
-                        $key::Client(object_store::ClientConfigKey::Timeout),
-                        limit(timeout),
-                    )
-                    .build()
-                    .map(Arc::new)
-                    .map_err(unavailable)
+                Ok(builder.with_retry(retry(timeout)).with_config(
+                    $key::Client(object_store::ClientConfigKey::Timeout),
+                    limit(timeout),
+                ))
             }
+        };
+    }
+    // Each store built for reads and for uploads.
+    macro_rules! build_both {
+        ($configure:ident) => {
+            (
+                Arc::new(
+                    $configure(config.request_timeout)?
+                        .build()
+                        .map_err(unavailable)?,
+                ),
+                Arc::new(
+                    $configure(config.upload_timeout)?
+                        .build()
+                        .map_err(unavailable)?,
+                ),
+            )
         };
     }
     let mut signed = None;
     let (store, parts): (Arc<dyn ObjectStore>, Arc<dyn MultipartStore>) = match scheme {
         "s3" => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-            let build = store_builder!(AmazonS3Builder, AmazonS3ConfigKey, "endpoint");
-            let parts = build(config.upload_timeout)?;
-            signed = Some(Arc::new(super::SignedPuts::new(
-                parts.clone(),
-                config.upload_timeout,
-            )?));
-            (build(config.request_timeout)?, parts)
+            let configure = store_builder!(AmazonS3Builder, AmazonS3ConfigKey, "endpoint");
+            let upload = configure(config.upload_timeout)?;
+            // The upload store's HTTP client (its proxy, certificates and time limit as
+            // configured) sends the PUTs that carry a writer's checksum too.
+            let parts = if super::signed::may_sign(&upload) {
+                let connector = super::signed::Connector::default();
+                let parts = Arc::new(
+                    upload
+                        .with_http_connector(connector.clone())
+                        .build()
+                        .map_err(unavailable)?,
+                );
+                signed = connector.client().map(|http| {
+                    Arc::new(super::SignedPuts::new(
+                        parts.clone(),
+                        http,
+                        retry(config.upload_timeout),
+                    ))
+                });
+                parts
+            } else {
+                Arc::new(upload.build().map_err(unavailable)?)
+            };
+            let store = Arc::new(
+                configure(config.request_timeout)?
+                    .build()
+                    .map_err(unavailable)?,
+            );
+            (store, parts)
         }
         "gs" => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-            let build = store_builder!(GoogleCloudStorageBuilder, GoogleConfigKey, "base_url");
-            (
-                build(config.request_timeout)?,
-                build(config.upload_timeout)?,
-            )
+            let configure = store_builder!(GoogleCloudStorageBuilder, GoogleConfigKey, "base_url");
+            build_both!(configure)
         }
         "az" => {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-            let build = store_builder!(MicrosoftAzureBuilder, AzureConfigKey, "endpoint");
-            (
-                build(config.request_timeout)?,
-                build(config.upload_timeout)?,
-            )
+            let configure = store_builder!(MicrosoftAzureBuilder, AzureConfigKey, "endpoint");
+            build_both!(configure)
         }
         other => unreachable!("scheme {other} passed check_url"),
     };

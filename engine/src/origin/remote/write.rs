@@ -102,8 +102,16 @@ pub(crate) async fn put(
     remove_stale_staged(&origins, &route, &path).await;
     let checksum = checksum.as_ref().and_then(super::signed::checksum_headers);
     if let (Some(checksum), Some(signed)) = (checksum, &route.signed) {
-        return super::signed::put(&origins, &route, signed, &path, data, checksum, &attributes)
-            .await;
+        let sent = data.clone();
+        match super::signed::put(&origins, &route, signed, &path, sent, checksum, &attributes).await
+        {
+            Ok(etag) => return Ok(etag),
+            Err(super::signed::Declined::Failed(error)) => return Err(error),
+            Err(super::signed::Declined::Unsupported(why)) => log::info!(
+                "origin {} does not take the writer's checksum of {path} ({why}): sent without it",
+                route.url
+            ),
+        }
     }
     let bytes = data.len() as u64;
     let options = object_store::PutOptions {
