@@ -16,6 +16,9 @@ pub(super) struct BodyCheck {
     expected: Checksum,
     /// The trailer header that carries the checksum, when it comes after the body.
     trailer: Option<String>,
+    /// The algorithm of a checksum computed of the body to be kept with it (an assembled
+    /// upload's FULL_OBJECT checksum), known only once the body has passed.
+    computing: Option<String>,
 }
 
 impl BodyCheck {
@@ -27,7 +30,7 @@ impl BodyCheck {
         md5: bool,
     ) -> S3Result<BodyCheck> {
         use s3s::crypto::Checksum as _;
-        let trailer = headers
+        let trailer: Option<String> = headers
             .get("x-amz-trailer")
             .and_then(|value| value.to_str().ok())
             .map(|value| value.trim().to_ascii_lowercase());
@@ -86,6 +89,7 @@ impl BodyCheck {
             hasher,
             expected,
             trailer,
+            computing: None,
         })
     }
 
@@ -95,8 +99,12 @@ impl BodyCheck {
         &self.expected
     }
 
-    /// The algorithm (as S3 names it) of the checksum promised in a trailer, if one is.
+    /// The algorithm (as S3 names it) of the checksum promised in a trailer or computed to be
+    /// kept, if one is: its value is known once the body has passed.
     pub(super) fn promised(&self) -> Option<String> {
+        if let Some(algorithm) = &self.computing {
+            return Some(algorithm.clone());
+        }
         let name = self.trailer.as_deref()?.strip_prefix("x-amz-checksum-")?;
         let algorithm = name.to_ascii_uppercase();
         hydrant_engine::CHECKSUM_ALGORITHMS
@@ -284,6 +292,27 @@ impl BodyCheck {
             hasher: Default::default(),
             expected: sums,
             trailer: None,
+            computing: None,
+        }
+    }
+
+    /// A check of a body whose `algorithm` checksum (one S3 defines) is computed as it passes,
+    /// to be kept with it, and compared with `expected` where that gives one.
+    pub(super) fn computing(algorithm: &str, expected: Checksum) -> BodyCheck {
+        let mut hasher = s3s::checksum::ChecksumHasher::default();
+        match algorithm {
+            "CRC32" => hasher.crc32 = Some(Default::default()),
+            "CRC32C" => hasher.crc32c = Some(Default::default()),
+            "CRC64NVME" => hasher.crc64nvme = Some(Default::default()),
+            "SHA1" => hasher.sha1 = Some(Default::default()),
+            _ => hasher.sha256 = Some(Default::default()),
+        }
+        BodyCheck {
+            md5: None,
+            hasher,
+            expected,
+            trailer: None,
+            computing: Some(algorithm.to_string()),
         }
     }
 }

@@ -45,6 +45,14 @@ unasked = client(response_checksum_validation="when_required")
 bucket = "s3-checksums"
 
 
+def error_code(call):
+    try:
+        call()
+    except ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the call succeeded")
+
+
 def contents(seed, size):
     return random.Random(seed).randbytes(size)
 
@@ -155,6 +163,27 @@ if phase == "write":
     s3.upload_fileobj(io.BytesIO(assembled), bucket, "multi-transfer", Config=transfer)
     for key in uploads:
         check_upload(key)
+    # FULL_OBJECT: the checksum of the whole object, given with the Complete (checked against
+    # the assembled bytes) or not (computed of them); a wrong one is BadDigest, nothing stored.
+    for key, give in [("multi-full-given", True), ("multi-full-computed", False)]:
+        upload = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT")["UploadId"]
+        done = []
+        for number, part in enumerate(parts, start=1):
+            answer = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part, ChecksumAlgorithm="CRC32")
+            done.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32": answer["ChecksumCRC32"]})
+        if give:
+            try:
+                s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done}, ChecksumType="FULL_OBJECT", ChecksumCRC32=crc32(b"other bytes"))
+                raise AssertionError("a wrong FULL_OBJECT checksum was taken")
+            except ClientError as error:
+                assert error.response["Error"]["Code"] == "BadDigest", error.response
+            assert error_code(lambda: s3.head_object(Bucket=bucket, Key=key)) == "404", key
+        extra = {"ChecksumCRC32": crc32(assembled)} if give else {}
+        completed = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done}, ChecksumType="FULL_OBJECT", **extra)
+        assert completed.get("ChecksumCRC32") == crc32(assembled), (key, completed)
+        assert completed.get("ChecksumType") == "FULL_OBJECT", completed
+        objects[key] = (assembled, "CRC32", "CRC32")
+        check(key)
     # A copy is stored whole: it has no parts, so no checksum of them.
     s3.copy_object(Bucket=bucket, Key="multi-copy", CopySource={"Bucket": bucket, "Key": "multi-SHA256"})
     copied = s3.get_object(Bucket=bucket, Key="multi-copy", ChecksumMode="ENABLED")
@@ -168,6 +197,8 @@ if phase == "write":
     assert answer["Body"].read() == large[:1000]
     assert returned(answer) is None, returned(answer)
 elif phase == "check":
+    for key in ["multi-full-given", "multi-full-computed"]:
+        objects[key] = (assembled, "CRC32", "CRC32")
     for key in list(objects) + ["copy-COPY", "copy-REPLACE"]:
         if key.startswith("copy-"):
             objects[key] = objects["SHA256-small"]

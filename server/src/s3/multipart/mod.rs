@@ -407,7 +407,49 @@ impl Gateway {
             .and_then(|upload| upload.parts)
             .unwrap_or_default();
         let chosen = choose_parts(&self.staged_parts(&upload.id).await?, &named)?;
-        let composite = self.composite_checksum(&chosen, &named).await?;
+        let sums = self.composite_checksum(&chosen, &named).await?;
+        // A FULL_OBJECT checksum (asked for with the Complete, or given in it) is computed of
+        // the assembled bytes and checked against the one given; else the parts' COMPOSITE.
+        let given = checksum_among(&checksum_of(
+            &input.checksum_crc32,
+            &input.checksum_crc32c,
+            &input.checksum_crc64nvme,
+            &input.checksum_sha1,
+            &input.checksum_sha256,
+        ))
+        .filter(|(_, value)| !value.contains('-'));
+        let full_asked = input
+            .checksum_type
+            .as_ref()
+            .is_some_and(|kind| kind.as_str() == ChecksumType::FULL_OBJECT);
+        let full = match (&given, full_asked) {
+            (Some((algorithm, _)), _) => Some(algorithm.clone()),
+            (None, true) => sums.algorithm.clone(),
+            (None, false) => None,
+        };
+        if let Some(algorithm) = &full {
+            if !FULL_OBJECT_ALGORITHMS.contains(&algorithm.as_str()) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "a FULL_OBJECT checksum of an upload is a CRC32, CRC32C or CRC64NVME, not {algorithm}"
+                ));
+            }
+        }
+        let composite = match full {
+            Some(_) => None,
+            None => sums.composite,
+        };
+        let mut expected = Checksum::default();
+        match given.clone() {
+            Some((algorithm, value)) if algorithm == "CRC32" => {
+                expected.checksum_crc32 = Some(value)
+            }
+            Some((algorithm, value)) if algorithm == "CRC32C" => {
+                expected.checksum_crc32c = Some(value)
+            }
+            Some((_, value)) => expected.checksum_crc64nvme = Some(value),
+            None => {}
+        }
         let total: u64 = chosen.iter().map(StagedPart::bytes).sum();
         let md5 = multipart_tag(&chosen);
         let target = Self::key_of(&input.bucket, &input.key)?;
@@ -417,20 +459,32 @@ impl Gateway {
         // Assembling copies every byte once.
         let assemble = async move {
             let body = gateway.parts_body(&chosen);
-            let check = BodyCheck::empty(Checksum::default());
-            let attributes = with_checksum(upload.attributes.clone(), composite.clone(), |kept| {
-                gateway.engine.attributes_fit(&target, total, kept)
-            });
-            let kept = attributes.checksum.clone();
+            let (check, attributes) = match &full {
+                Some(algorithm) => (
+                    BodyCheck::computing(algorithm, expected),
+                    upload.attributes.clone(),
+                ),
+                None => (
+                    BodyCheck::empty(Checksum::default()),
+                    with_checksum(upload.attributes.clone(), composite.clone(), |kept| {
+                        gateway.engine.attributes_fit(&target, total, kept)
+                    }),
+                ),
+            };
+            let composite_kept = attributes.checksum.clone();
             let terms = Terms {
                 precondition: Precondition::Any,
                 md5,
                 attributes,
-                keep_checksum: false,
+                keep_checksum: full.is_some(),
             };
-            let (meta, _) = gateway
+            let (meta, verified) = gateway
                 .store_if(target, total, body.boxed(), check, &Trailers::None, terms)
                 .await?;
+            let kept = match &full {
+                Some(_) => checksum_among(&verified.sums),
+                None => composite_kept,
+            };
             // The object is stored: a staged key left behind is garbage, not a failed upload.
             if let Err(error) = gateway.forget_upload(&upload.bucket, &upload.id).await {
                 log::warn!(
@@ -472,7 +526,7 @@ impl Gateway {
         &self,
         parts: &[StagedPart],
         named: &[CompletedPart],
-    ) -> S3Result<Option<(String, String)>> {
+    ) -> S3Result<PartSums> {
         let mut sums = Vec::with_capacity(parts.len());
         for batch in parts.chunks(PART_HEADS_IN_FLIGHT) {
             let heads = batch.iter().map(|part| async move {
@@ -509,7 +563,17 @@ impl Gateway {
             }
         }
         let Some(Some((algorithm, _))) = sums.first() else {
-            return Ok(None);
+            return Ok(PartSums::default());
+        };
+        let alike = sums
+            .iter()
+            .all(|sum| matches!(sum, Some((same, _)) if same == algorithm));
+        if !alike {
+            return Ok(PartSums::default());
+        }
+        let mut found = PartSums {
+            algorithm: Some(algorithm.clone()),
+            composite: None,
         };
         let mut hasher = s3s::checksum::ChecksumHasher::default();
         match algorithm.as_str() {
@@ -517,19 +581,17 @@ impl Gateway {
             "CRC32C" => hasher.crc32c = Some(Default::default()),
             "SHA1" => hasher.sha1 = Some(Default::default()),
             "SHA256" => hasher.sha256 = Some(Default::default()),
-            _ => return Ok(None),
+            _ => return Ok(found),
         }
-        for sum in &sums {
-            let Some((_, value)) = sum.as_ref().filter(|(same, _)| same == algorithm) else {
-                return Ok(None);
-            };
+        for (_, value) in sums.iter().flatten() {
             let Ok(raw) = base64_simd::STANDARD.decode_to_vec(value) else {
-                return Ok(None);
+                return Ok(found);
             };
             hasher.update(&raw);
         }
-        Ok(checksum_among(&hasher.finalize())
-            .map(|(algorithm, value)| (algorithm, format!("{value}-{}", parts.len()))))
+        found.composite = checksum_among(&hasher.finalize())
+            .map(|(algorithm, value)| (algorithm, format!("{value}-{}", parts.len())));
+        Ok(found)
     }
 
     /// The bytes of `parts`, one after the other, each read a chunk at a time.
@@ -697,3 +759,14 @@ impl Gateway {
         Ok(S3Response::new(output))
     }
 }
+
+/// What the parts of an upload were sent with: the one algorithm all of them have checksums
+/// of, if they do, and the COMPOSITE checksum of those (none for CRC64NVME).
+#[derive(Default)]
+struct PartSums {
+    algorithm: Option<String>,
+    composite: Option<(String, String)>,
+}
+
+/// The algorithms S3 takes an upload's FULL_OBJECT checksum in.
+const FULL_OBJECT_ALGORITHMS: [&str; 3] = ["CRC32", "CRC32C", "CRC64NVME"];
