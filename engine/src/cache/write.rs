@@ -97,8 +97,12 @@ impl Cache {
                 let bytes = data.len() as u64;
                 let data = Bytes::from(data);
                 let origins = origin.origins.clone();
-                let described =
+                let mut described =
                     crate::attributes::Attributes::decode(&attributes).unwrap_or_default();
+                // A whole object's checksum is known with it; an empty promise is none.
+                if described.checksum_pending() {
+                    described.checksum = None;
+                }
                 let kept = remote::origin_attributes(&route, &described);
                 let checksum = described.checksum.clone();
                 // What the origin keeps of them is what a read through it later says.

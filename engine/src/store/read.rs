@@ -278,7 +278,8 @@ impl Store {
     }
 
     /// The attributes of version `seq` of `key` (none when it was written without them), read
-    /// from its first chunk's header; `None` when that version is not the indexed one (replaced
+    /// from its first chunk's header (and its last chunk's, for a checksum known only at the
+    /// end); `None` when that version is not the indexed one (replaced
     /// or deleted meanwhile, or never here).
     pub async fn attributes(&self, key: &ObjectKey, seq: u64) -> Result<Option<Attributes>> {
         let (record, location) = match self.index.borrow().get(key) {
@@ -298,7 +299,12 @@ impl Store {
             let closing = match last {
                 0 => Attributes::default(),
                 _ => {
-                    let location = record.chunks.get(last);
+                    // Looked up again after the first read: reclaim may have moved the chunk,
+                    // or the version may be gone.
+                    let location = match self.index.borrow().get(key) {
+                        Some(now) if now.seq == seq => now.chunks.get(last),
+                        _ => return Ok(None),
+                    };
                     self.header_attributes(key, &record, location, last).await?
                 }
             };
