@@ -218,6 +218,7 @@ enum Operation {
         id: u64,
         bytes: usize,
         dirty: bool,
+        streamed: Streamed,
     },
     Delete {
         key: usize,
@@ -235,8 +236,22 @@ impl Operation {
     }
 }
 
+/// How a put's bytes go: at once, or a chunk at a time (`PutStream`, several chunks' writes in
+/// flight), finished or abandoned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Streamed {
+    No,
+    Finished,
+    /// Dropped after this many of its chunks were started: it can never be complete.
+    CutAfter(usize),
+    /// Dropped with every chunk started but not finished: voided once their writes end, so
+    /// it may be found only if the session ends first.
+    Unfinished,
+}
+
 enum Outcome {
     Put(hydrant_engine::Result<()>),
+    Abandoned(hydrant_engine::Result<()>),
     Delete(hydrant_engine::Result<bool>),
     Get(hydrant_engine::Result<Option<Version>>),
 }
@@ -412,11 +427,21 @@ fn next_batch(state: &mut SeedState, random: &mut Random) -> Vec<Operation> {
         batch.push(match random.next() % 20 {
             0..=12 => {
                 state.next_id += 1;
+                let bytes = object_bytes(random);
+                let chunks = bytes.div_ceil(CHUNK_BYTES as usize);
+                let streamed = match random.next() % 8 {
+                    _ if chunks < 2 => Streamed::No,
+                    0..=3 => Streamed::No,
+                    4 | 5 => Streamed::Finished,
+                    6 => Streamed::CutAfter(random.between(0, chunks as u64 - 1) as usize),
+                    _ => Streamed::Unfinished,
+                };
                 Operation::Put {
                     key,
                     id: state.seed << 24 | state.next_id,
-                    bytes: object_bytes(random),
+                    bytes,
                     dirty: random.percent(80),
+                    streamed,
                 }
             }
             13..=15 => Operation::Delete { key },
@@ -424,6 +449,51 @@ fn next_batch(state: &mut SeedState, random: &mut Random) -> Vec<Operation> {
         });
     }
     batch
+}
+
+/// Put `pattern(id, bytes)` as `key` a chunk at a time, finished or abandoned as `streamed`
+/// says (an abandoned put answers Ok once it is dropped).
+async fn put_streamed(
+    store: &Rc<Store>,
+    key: usize,
+    id: u64,
+    bytes: usize,
+    dirty: bool,
+    streamed: Streamed,
+) -> hydrant_engine::Result<()> {
+    let data = pattern(id, bytes);
+    let mut put = store.begin_put(key_of(key), bytes as u64, dirty, Vec::new())?;
+    let started = match streamed {
+        Streamed::CutAfter(chunks) => chunks,
+        _ => put.chunk_count(),
+    };
+    for piece in data.chunks(CHUNK_BYTES as usize).take(started) {
+        put.write_chunk(piece).await?;
+    }
+    match streamed {
+        Streamed::Finished => put.finish().await.map(|_| ()),
+        Streamed::Unfinished => {
+            // Voided in a task of its own once its writes end: wait for the marker.
+            let voided = store.stats().counters.voided;
+            drop(put);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while store.stats().counters.voided == voided {
+                if let Some(failure) = store.stats().failure {
+                    // A failed store writes no marker; the put's outcome is unknown.
+                    return Err(hydrant_engine::Error::new(ErrorKind::StoreFailed, failure));
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(hydrant_engine::Error::new(
+                        ErrorKind::Io,
+                        "an unfinished put was not voided within 10 s",
+                    ));
+                }
+                rt::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Run one batch concurrently, each operation its own task.
@@ -446,12 +516,26 @@ async fn run_batch(
                     id,
                     bytes,
                     dirty,
+                    streamed: Streamed::No,
                 } => Ok(Outcome::Put(
                     store
                         .put(key_of(key), &pattern(id, bytes), dirty)
                         .await
                         .map(|_| ()),
                 )),
+                Operation::Put {
+                    key,
+                    id,
+                    bytes,
+                    dirty,
+                    streamed,
+                } => {
+                    let result = put_streamed(&store, key, id, bytes, dirty, streamed).await;
+                    Ok(match streamed {
+                        Streamed::Finished => Outcome::Put(result),
+                        _ => Outcome::Abandoned(result),
+                    })
+                }
                 Operation::Delete { key } => Ok(Outcome::Delete(store.delete(key_of(key)).await)),
                 Operation::Get { key } => read_version(&store, key, &candidates)
                     .await
@@ -481,6 +565,12 @@ fn apply_outcomes(
     refusing: bool,
     injected: Injected,
 ) -> Result<(), String> {
+    // Each failed write voids its entries: with none, a void seen is an abandoned put's own.
+    let failures = outcomes.iter().any(|outcome| match outcome {
+        Outcome::Put(result) | Outcome::Abandoned(result) => result.is_err(),
+        Outcome::Delete(result) => result.is_err(),
+        Outcome::Get(result) => result.is_err(),
+    });
     for (&operation, outcome) in batch.iter().zip(outcomes) {
         match (operation, outcome) {
             (
@@ -489,11 +579,12 @@ fn apply_outcomes(
                     id,
                     bytes,
                     dirty,
+                    streamed,
                 },
                 Outcome::Put(result),
             ) => {
                 state.note(format!(
-                    "  put key-{key} version {id} ({bytes} bytes, dirty {dirty}): {}",
+                    "  put key-{key} version {id} ({bytes} bytes, dirty {dirty}, {streamed:?}): {}",
                     describe(&result)
                 ));
                 let version = Version::Put { id, bytes, dirty };
@@ -523,6 +614,38 @@ fn apply_outcomes(
                     refusing,
                     injected,
                 )?;
+            }
+            (
+                Operation::Put {
+                    key,
+                    id,
+                    bytes,
+                    dirty,
+                    streamed,
+                },
+                Outcome::Abandoned(result),
+            ) => {
+                state.note(format!(
+                    "  put key-{key} version {id} ({bytes} bytes, dirty {dirty}) abandoned, {streamed:?}: {}",
+                    describe(&result)
+                ));
+                if let Err(error) = &result {
+                    if !refusing && !injected.any() {
+                        return Err(format!(
+                            "key-{key}: a streamed put failed with no fault injected: {error}"
+                        ));
+                    }
+                }
+                // Cut off before its last chunk it can never be complete: no effect. With
+                // every chunk started it is voided (its marker durable before the put answers
+                // here), so no effect either, unless another write's failure voided something
+                // meanwhile and its own marker may not be durable.
+                if streamed == Streamed::Unfinished && (failures || injected.any()) {
+                    state.indeterminate += 1;
+                    state.keys[key]
+                        .indeterminate
+                        .push(Version::Put { id, bytes, dirty });
+                }
             }
             (Operation::Get { key }, Outcome::Get(result)) => {
                 state.note(format!("  get key-{key}: {}", describe(&result)));

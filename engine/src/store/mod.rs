@@ -353,7 +353,7 @@ pub struct Store {
     region_idle: WaitQueue,
     /// Chunks of streamed puts being copied and written at once (each copy is a chunk of
     /// memory: the bound keeps them few however many streams arrive).
-    streamed_writes: crate::rt::sync::Semaphore,
+    streamed_writes: std::rc::Rc<crate::rt::sync::Semaphore>,
     failure: RefCell<Option<String>>,
     counters: RefCell<Counters>,
 }
@@ -402,7 +402,7 @@ impl Store {
             allocation: Section::default(),
             reclaiming: Cell::new(false),
             region_idle: WaitQueue::new(),
-            streamed_writes: crate::rt::sync::Semaphore::new(STREAMED_WRITES_MAX),
+            streamed_writes: std::rc::Rc::new(crate::rt::sync::Semaphore::new(STREAMED_WRITES_MAX)),
             failure: RefCell::new(None),
             counters: RefCell::new(Counters::default()),
         }

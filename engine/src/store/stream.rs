@@ -10,9 +10,11 @@ use std::rc::Rc;
 use super::*;
 use crate::buf::ExternalBuf;
 
-/// Chunks of one same-host put (`PutStream::write_shared`) written at once; the shard's bound on
-/// streamed writes (`STREAMED_WRITES_MAX`) applies to them too.
-const SHARED_WRITES_PER_PUT: usize = 4;
+/// Chunks of one put being written at once, streamed or same-host (the shard's bound on
+/// streamed writes, `STREAMED_WRITES_MAX`, applies to them too): a put that waited for each
+/// chunk's write before starting the next left the device idle between them, and one writer
+/// got about half of what the device takes.
+const CHUNK_WRITES_PER_PUT: usize = 4;
 
 /// A streamed put's chunk in memory, counted in the node's bound (`streamed_bytes_max`) until
 /// dropped.
@@ -52,7 +54,12 @@ pub struct PutStream {
     chunk_count: usize,
     /// The operation's seq, once its first chunk is placed.
     seq: Option<u64>,
+    /// Chunks whose write has started (placed, or in flight).
+    started: usize,
+    /// Where the chunks whose writes ended went, in order.
     placed: Vec<PlacedEntry>,
+    /// The writes in flight, in order after `placed` (at most `CHUNK_WRITES_PER_PUT`).
+    writes: std::collections::VecDeque<crate::rt::JoinHandle<Result<PlacedEntry>>>,
     /// Regions holding this put's chunks, one entry per chunk (each counted in `pinned`).
     pinned: Vec<usize>,
     /// Its first chunk, written, holds attributes.
@@ -84,7 +91,9 @@ impl Store {
             closing_attributes: Vec::new(),
             chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as usize,
             seq: None,
+            started: 0,
             placed: Vec::new(),
+            writes: std::collections::VecDeque::new(),
             pinned: Vec::new(),
             described: false,
             done: false,
@@ -152,86 +161,40 @@ impl PutStream {
         }
     }
 
-    /// Chunks written so far.
-    pub fn chunks_written(&self) -> usize {
-        self.placed.len()
-    }
-
-    /// Write the next chunk (exactly `chunk_len` bytes); returns once it is written (not yet
-    /// durable).
+    /// Write the next chunk (exactly `chunk_len` bytes). Returns once the chunk is copied and
+    /// its write started, or, with `CHUNK_WRITES_PER_PUT` of this put's writes in flight, once
+    /// the oldest has ended; an error of a write shows here or in `finish`.
     pub async fn write_chunk(&mut self, data: &[u8]) -> Result<()> {
-        let chunk = self.placed.len();
-        assert!(chunk < self.chunk_count, "more chunks than the object has");
         assert_eq!(
             data.len(),
-            self.chunk_len(chunk),
+            self.chunk_len(self.started),
             "a chunk of the wrong size"
         );
-        let store = self.store.clone();
-        let _writing = store.streamed_writes.acquire().await;
-        let stamp = if chunk + 1 == self.chunk_count {
-            self.stamp
-        } else {
-            Stamp {
-                md5: None,
-                ..self.stamp
-            }
-        };
-        let mut header =
-            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
-        self.header_attributes(&mut header, chunk);
-        let described = chunk == 0 && !header.attributes.is_empty();
-        let buf = store.entry_buffer(&header, data);
-        let place = match self.seq {
-            None => {
-                let (place, seq) = store
-                    .allocate_operation(buf.len() as u64, &self.key)
-                    .await?;
-                self.seq = Some(seq);
-                place
-            }
-            Some(_) => store.allocate(buf.len() as u64).await?,
-        };
-        // Pinned at once (no await since the place was given): reclaim takes only sealed
-        // regions, and this one cannot be sealed before the next allocation.
-        store.pin(place.region);
-        self.pinned.push(place.region);
-        header.seq = self.seq.expect("taken with the first place");
-        let placed = store.write_placed_entry(header, buf, place).await?;
-        self.placed.push(placed);
-        self.described |= described;
-        Ok(())
+        self.start_chunk(|room| room.copy_from_slice(data)).await
     }
 
     /// Write every chunk still to come from `source`, memory shared with a client on this host
-    /// that holds the object's bytes from its start, up to `SHARED_WRITES_PER_PUT` chunks at
-    /// once. Each chunk is copied once into the arena and checksummed there, so that what
-    /// reaches the device is exactly what its checksums say even if the client changes its
-    /// memory meanwhile (such a client gets whichever bytes were there when its chunk was
-    /// copied). Writing straight from the client's memory would let a client that changes it
-    /// during the device's read put an entry whose data fails its checksum in the log, and
-    /// recovery takes such an entry in the newest region as the log's torn end, dropping what
-    /// follows it: other keys' acknowledged writes. Returns once every chunk is written (not
-    /// yet durable); on an error, only after every write in flight has ended. Once `abandoned`
-    /// is set (the client went away), no further chunk is placed and the put ends in an error:
-    /// unless every chunk was already placed, nothing of it can become visible.
+    /// that holds the object's bytes from its start. Each chunk is copied once into the arena
+    /// and checksummed there, so that what reaches the device is exactly what its checksums say
+    /// even if the client changes its memory meanwhile (such a client gets whichever bytes were
+    /// there when its chunk was copied). Writing straight from the client's memory would let a
+    /// client that changes it during the device's read put an entry whose data fails its
+    /// checksum in the log, and recovery takes such an entry in the newest region as the log's
+    /// torn end, dropping what follows it: other keys' acknowledged writes. Returns once every
+    /// chunk is written (not yet durable); on an error, only after every write in flight has
+    /// ended. Once `abandoned` is set (the client went away), no further chunk is placed and the
+    /// put ends in an error: unless every chunk was already placed, nothing of it can become
+    /// visible.
     pub async fn write_shared(
         &mut self,
         source: &ExternalBuf,
         abandoned: &std::sync::atomic::AtomicBool,
     ) -> Result<()> {
-        let store = self.store.clone();
-        let chunk_bytes = store.geometry.chunk_bytes as usize;
-        // Tasks of their own, so that they run while this one waits for the next place (which
-        // may wait for them).
-        let mut writes = std::collections::VecDeque::new();
-        let mut failure = None;
-        for chunk in self.placed.len()..self.chunk_count {
-            if failure.is_some() {
-                break;
-            }
+        let chunk_bytes = self.store.geometry.chunk_bytes as usize;
+        let mut result = Ok(());
+        for chunk in self.started..self.chunk_count {
             if abandoned.load(std::sync::atomic::Ordering::Acquire) {
-                failure = Some(Error::new(
+                result = Err(Error::new(
                     ErrorKind::Io,
                     format!(
                         "the writer went away after {chunk} of {} chunks; nothing was stored",
@@ -240,98 +203,114 @@ impl PutStream {
                 ));
                 break;
             }
-            if writes.len() >= SHARED_WRITES_PER_PUT {
-                match writes.pop_front().expect("a write in flight").await {
-                    Ok(placed) => self.placed.push(placed),
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                }
-            }
             let start = chunk * chunk_bytes;
             let length = self.chunk_len(chunk);
-            let stamp = if chunk + 1 == self.chunk_count {
-                self.stamp
-            } else {
-                Stamp {
-                    md5: None,
-                    ..self.stamp
-                }
-            };
-            // The copy first: the checksums are of the bytes that will be written.
-            let entry_bytes = (BLOCK_BYTES + crate::buf::align_up(length)) as u64;
-            let mut buf = store.arena.allocate(entry_bytes as usize);
-            buf.set_len(entry_bytes as usize);
-            let data = &mut buf.as_mut_slice()[BLOCK_BYTES..];
-            source.with_bytes(start, length, |piece| data[..length].copy_from_slice(piece));
-            data[length..].fill(0);
-            let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
-            let mut header =
-                store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
-            debug_assert_eq!(header.entry_bytes(), entry_bytes);
-            self.header_attributes(&mut header, chunk);
-            self.described |= chunk == 0 && !header.attributes.is_empty();
-            let place = match self.seq {
-                None => match store.allocate_operation(entry_bytes, &self.key).await {
-                    Ok((place, seq)) => {
-                        self.seq = Some(seq);
-                        place
-                    }
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                },
-                Some(_) => match store.allocate(entry_bytes).await {
-                    Ok(place) => place,
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                },
-            };
-            // Pinned at once, as `write_chunk` does.
-            store.pin(place.region);
-            self.pinned.push(place.region);
-            header.seq = self.seq.expect("taken with the first place");
-            let store = store.clone();
-            writes.push_back(crate::rt::spawn(async move {
-                let _writing = store.streamed_writes.acquire().await;
-                store.write_placed_entry(header, buf, place).await
-            }));
-        }
-        // Every write placed is awaited, failed or not: its place stays in flight until then.
-        while let Some(write) = writes.pop_front() {
-            let written = write.await;
-            match written {
-                Ok(placed) if failure.is_none() => self.placed.push(placed),
-                Ok(_) => {}
-                Err(error) => {
-                    failure.get_or_insert(error);
-                }
+            result = self
+                .start_chunk(|room| {
+                    source.with_bytes(start, length, |piece| room.copy_from_slice(piece))
+                })
+                .await;
+            if result.is_err() {
+                break;
             }
         }
-        if let Some(error) = failure {
-            return Err(error);
-        }
-        store.count(|counters| {
+        let written = self.drain().await;
+        result.and(written)?;
+        self.store.count(|counters| {
             counters.shared_bytes_written += self.object_bytes;
             counters.shared_bytes_copied += self.object_bytes;
         });
         Ok(())
     }
 
+    /// Copy the next chunk into an entry's buffer (`fill` is given exactly its bytes), place
+    /// it and start its write in a task of its own (so that it runs while this put waits for
+    /// its next chunk or place, and the next place may wait for it). Waits first while
+    /// `CHUNK_WRITES_PER_PUT` of this put's writes are in flight, then for one of the shard's
+    /// `STREAMED_WRITES_MAX`, which the write holds until it ends: the buffer is taken only
+    /// then, so the chunks a shard holds in memory stay few however many puts arrive.
+    async fn start_chunk(&mut self, fill: impl FnOnce(&mut [u8])) -> Result<()> {
+        let chunk = self.started;
+        assert!(chunk < self.chunk_count, "more chunks than the object has");
+        while self.writes.len() >= CHUNK_WRITES_PER_PUT {
+            let placed = self.writes.pop_front().expect("a write in flight").await?;
+            self.placed.push(placed);
+        }
+        let store = self.store.clone();
+        let permit = store.streamed_writes.acquire_owned().await;
+        let length = self.chunk_len(chunk);
+        let entry_bytes = BLOCK_BYTES + crate::buf::align_up(length);
+        let mut buf = store.arena.allocate(entry_bytes);
+        buf.set_len(entry_bytes);
+        let room = &mut buf.as_mut_slice()[BLOCK_BYTES..];
+        fill(&mut room[..length]);
+        room[length..].fill(0);
+        let stamp = if chunk + 1 == self.chunk_count {
+            self.stamp
+        } else {
+            Stamp {
+                md5: None,
+                ..self.stamp
+            }
+        };
+        let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
+        let mut header =
+            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
+        debug_assert_eq!(header.entry_bytes(), entry_bytes as u64);
+        self.header_attributes(&mut header, chunk);
+        let described = chunk == 0 && !header.attributes.is_empty();
+        let place = match self.seq {
+            None => {
+                let (place, seq) = store
+                    .allocate_operation(entry_bytes as u64, &self.key)
+                    .await?;
+                self.seq = Some(seq);
+                place
+            }
+            Some(_) => store.allocate(entry_bytes as u64).await?,
+        };
+        // Pinned at once (no await since the place was given): reclaim takes only sealed
+        // regions, and this one cannot be sealed before the next allocation.
+        store.pin(place.region);
+        self.pinned.push(place.region);
+        self.described |= described;
+        self.started += 1;
+        header.seq = self.seq.expect("taken with the first place");
+        self.writes.push_back(crate::rt::spawn(async move {
+            let _permit = permit;
+            store.write_placed_entry(header, buf, place).await
+        }));
+        Ok(())
+    }
+
+    /// Wait for every write in flight, keeping where each went; the first error, once all
+    /// have ended (a place stays in flight until its write ends).
+    async fn drain(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        while let Some(write) = self.writes.pop_front() {
+            match write.await {
+                Ok(placed) if result.is_ok() => self.placed.push(placed),
+                Ok(_) => {}
+                Err(error) => {
+                    if result.is_ok() {
+                        result = Err(error);
+                    }
+                }
+            }
+        }
+        result
+    }
+
     /// Every chunk written: make them durable and install the version. Returns its metadata.
     pub async fn finish(mut self) -> Result<ObjectMeta> {
         assert_eq!(
-            self.placed.len(),
-            self.chunk_count,
+            self.started, self.chunk_count,
             "finish before the last chunk"
         );
         let store = self.store.clone();
         let seq = self.seq.expect("a chunk was placed");
         let result = async {
+            self.drain().await?;
             for entry in &self.placed {
                 store
                     .wait_earlier_writes(entry.location.region as usize, entry.offset())
@@ -389,21 +368,27 @@ impl Drop for PutStream {
         if self.done {
             return;
         }
-        // Abandoned. Before its last chunk the version can never be complete: nothing to undo.
-        // With every chunk written it might be, so it is voided, in a task of its own.
-        // The operation ends once its void marker is written: until then a checkpoint must not
-        // cover its entries.
-        let all_placed = self.placed.len() == self.chunk_count;
-        let seq = self.seq;
-        self.end(false, !all_placed);
-        if let (true, Some(seq)) = (all_placed, seq) {
-            let store = self.store.clone();
-            let key = self.key.clone();
-            crate::rt::spawn(async move {
-                let abandoned = Error::new(ErrorKind::Io, "the put was abandoned");
-                let _ = store.void(&key, seq, abandoned).await;
-                store.finish_operation(&key, seq, false);
-            });
+        // Abandoned. Before its last chunk was started the version can never be complete:
+        // nothing to undo. With every chunk started it might be, so it is voided once their
+        // writes have ended, in a task of its own. The operation ends once its void marker is
+        // written: until then a checkpoint must not cover its entries.
+        let all_started = self.started == self.chunk_count;
+        let writes = std::mem::take(&mut self.writes);
+        if !all_started || self.seq.is_none() {
+            self.end(false, true);
+            return;
         }
+        let seq = self.seq.expect("checked");
+        self.end(false, false);
+        let store = self.store.clone();
+        let key = self.key.clone();
+        crate::rt::spawn(async move {
+            for write in writes {
+                let _ = write.await;
+            }
+            let abandoned = Error::new(ErrorKind::Io, "the put was abandoned");
+            let _ = store.void(&key, seq, abandoned).await;
+            store.finish_operation(&key, seq, false);
+        });
     }
 }
