@@ -170,6 +170,10 @@ enum Home {
     Heap {
         layout: Layout,
     },
+    /// A streamed chunk's allocation, which goes back to the chunk pool.
+    Chunk {
+        layout: Layout,
+    },
 }
 
 /// An aligned buffer for direct I/O, owned by one shard. Its memory is always initialised (the
@@ -196,6 +200,26 @@ impl IoBuf {
             capacity,
             len: 0,
             home: Home::Heap { layout },
+        }
+    }
+
+    /// A buffer of a chunk allocation (`super::chunk`) at `pointer`, made with `layout`, whose
+    /// first `capacity` bytes are initialised; it goes back to the chunk pool when dropped.
+    ///
+    /// # Safety
+    /// `pointer` must come from the chunk pool with `layout` (aligned to
+    /// `BUFFER_ALIGN_BYTES`, at least `capacity` bytes) and be owned by nothing else.
+    pub(super) unsafe fn from_chunk(
+        pointer: NonNull<u8>,
+        capacity: usize,
+        layout: Layout,
+    ) -> IoBuf {
+        debug_assert!(capacity <= layout.size() && layout.align() >= BUFFER_ALIGN_BYTES);
+        IoBuf {
+            pointer,
+            capacity,
+            len: 0,
+            home: Home::Chunk { layout },
         }
     }
 
@@ -258,6 +282,8 @@ impl Drop for IoBuf {
             } => memory.buddy.borrow_mut().release(*offset, *order as usize),
             // SAFETY: pointer was allocated with this layout in IoBuf::heap.
             Home::Heap { layout } => unsafe { std::alloc::dealloc(self.pointer.as_ptr(), *layout) },
+            // SAFETY: from the chunk pool with this layout (`from_chunk`), used no more.
+            Home::Chunk { layout } => unsafe { super::chunk::give_back(self.pointer, *layout) },
         }
     }
 }

@@ -8,10 +8,12 @@
 
 mod arena;
 mod buddy;
+mod chunk;
 mod external;
 mod shared;
 
 pub use arena::{Arena, ArenaInfo, IoBuf};
+pub use chunk::ChunkData;
 pub use external::ExternalBuf;
 pub use shared::{pooled, SharedBuf, SHARED_BUFFER_BYTES_MAX, SHARED_POOL_BYTES_MAX};
 

@@ -275,7 +275,7 @@ impl Cache {
             }
         };
         for chunk in 0..put.chunk_count() {
-            let Some(chunk_data) = chunks.recv().await else {
+            let Some(mut chunk_data) = chunks.recv().await else {
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(
@@ -304,9 +304,10 @@ impl Cache {
                     ..Default::default()
                 });
             }
-            put.write_chunk(data).await?;
-            // The chunk's memory (and its room in the node's bound) goes back now.
-            drop(chunk_data);
+            // Written where it lies; its room in the node's bound goes to the next chunk once
+            // its write may start.
+            let data = std::mem::take(&mut chunk_data.data);
+            put.write_streamed(data, chunk_data).await?;
         }
         put.finish().await
     }

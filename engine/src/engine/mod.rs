@@ -192,6 +192,12 @@ impl EngineHandle {
     /// `streamed_chunk` without waiting: `None` while the node's bound is reached (for callers
     /// off the shards, which wait on timers of their own).
     pub fn try_streamed_chunk(&self, bytes: usize) -> Option<StreamedChunk> {
+        self.try_streamed_room(bytes, true)
+    }
+
+    /// `try_streamed_chunk`, with its data allocated (`allocate`) or not: room in the node's
+    /// bound for bytes the caller keeps in memory of its own.
+    pub fn try_streamed_room(&self, bytes: usize, allocate: bool) -> Option<StreamedChunk> {
         use std::sync::atomic::Ordering;
         let bytes = bytes as u64;
         loop {
@@ -206,7 +212,11 @@ impl EngineHandle {
                 .is_ok()
             {
                 return Some(StreamedChunk {
-                    data: Vec::with_capacity(bytes as usize),
+                    data: if allocate {
+                        crate::buf::ChunkData::with_capacity(bytes as usize)
+                    } else {
+                        crate::buf::ChunkData::default()
+                    },
                     md5: None,
                     checksum: None,
                     held: self.streamed_bytes.clone(),

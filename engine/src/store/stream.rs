@@ -19,7 +19,8 @@ const CHUNK_WRITES_PER_PUT: usize = 4;
 /// A streamed put's chunk in memory, counted in the node's bound (`streamed_bytes_max`) until
 /// dropped.
 pub struct StreamedChunk {
-    pub data: Vec<u8>,
+    /// Its bytes, written to the device where they lie.
+    pub data: crate::buf::ChunkData,
     /// The version's MD5 tag, on the last chunk of a put whose writer computed one (it is
     /// known only once every byte has come).
     pub md5: Option<Md5Tag>,
@@ -161,16 +162,33 @@ impl PutStream {
         }
     }
 
-    /// Write the next chunk (exactly `chunk_len` bytes). Returns once the chunk is copied and
-    /// its write started, or, with `CHUNK_WRITES_PER_PUT` of this put's writes in flight, once
-    /// the oldest has ended; an error of a write shows here or in `finish`.
+    /// Write the next chunk (exactly `chunk_len` bytes), a copy of `data`; as `write_streamed`.
     pub async fn write_chunk(&mut self, data: &[u8]) -> Result<()> {
+        self.write_streamed(crate::buf::ChunkData::copied_from(data), ())
+            .await
+    }
+
+    /// Write the next chunk (exactly `chunk_len` bytes) from where it lies, holding `hold`
+    /// (the chunk's room in the node's bound) until its write may start: from then on the
+    /// chunk counts among the shard's `STREAMED_WRITES_MAX`, as an arena copy would, and the
+    /// room goes to the next chunk. Returns once its write has started, or, with
+    /// `CHUNK_WRITES_PER_PUT` of this put's writes in flight, once the oldest has ended; an
+    /// error of a write shows here or in `finish`.
+    pub async fn write_streamed(
+        &mut self,
+        data: crate::buf::ChunkData,
+        hold: impl Sized,
+    ) -> Result<()> {
         assert_eq!(
             data.len(),
             self.chunk_len(self.started),
             "a chunk of the wrong size"
         );
-        self.start_chunk(|room| room.copy_from_slice(data)).await
+        let permit = self.make_room().await?;
+        drop(hold);
+        let length = data.len();
+        self.start_write(data.into_entry_buf(), length, permit)
+            .await
     }
 
     /// Write every chunk still to come from `source`, memory shared with a client on this host
@@ -230,21 +248,42 @@ impl PutStream {
     /// `STREAMED_WRITES_MAX`, which the write holds until it ends: the buffer is taken only
     /// then, so the chunks a shard holds in memory stay few however many puts arrive.
     async fn start_chunk(&mut self, fill: impl FnOnce(&mut [u8])) -> Result<()> {
-        let chunk = self.started;
-        assert!(chunk < self.chunk_count, "more chunks than the object has");
-        while self.writes.len() >= CHUNK_WRITES_PER_PUT {
-            let placed = self.writes.pop_front().expect("a write in flight").await?;
-            self.placed.push(placed);
-        }
-        let store = self.store.clone();
-        let permit = store.streamed_writes.acquire_owned().await;
-        let length = self.chunk_len(chunk);
+        let permit = self.make_room().await?;
+        let length = self.chunk_len(self.started);
         let entry_bytes = BLOCK_BYTES + crate::buf::align_up(length);
-        let mut buf = store.arena.allocate(entry_bytes);
+        let mut buf = self.store.arena.allocate(entry_bytes);
         buf.set_len(entry_bytes);
         let room = &mut buf.as_mut_slice()[BLOCK_BYTES..];
         fill(&mut room[..length]);
         room[length..].fill(0);
+        self.start_write(buf, length, permit).await
+    }
+
+    /// Wait while `CHUNK_WRITES_PER_PUT` of this put's writes are in flight, then for one of
+    /// the shard's `STREAMED_WRITES_MAX`.
+    async fn make_room(&mut self) -> Result<crate::rt::sync::OwnedPermit> {
+        assert!(
+            self.started < self.chunk_count,
+            "more chunks than the object has"
+        );
+        while self.writes.len() >= CHUNK_WRITES_PER_PUT {
+            let placed = self.writes.pop_front().expect("a write in flight").await?;
+            self.placed.push(placed);
+        }
+        Ok(self.store.streamed_writes.acquire_owned().await)
+    }
+
+    /// Place the next chunk, whose entry is `buf` (a header block to fill, `length` data bytes,
+    /// zeros to the block boundary), and write it in a task of its own holding `permit`.
+    async fn start_write(
+        &mut self,
+        buf: crate::buf::IoBuf,
+        length: usize,
+        permit: crate::rt::sync::OwnedPermit,
+    ) -> Result<()> {
+        let store = self.store.clone();
+        let chunk = self.started;
+        let entry_bytes = buf.len();
         let stamp = if chunk + 1 == self.chunk_count {
             self.stamp
         } else {

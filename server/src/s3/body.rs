@@ -239,7 +239,7 @@ where
     /// Fill `into` up to `want` bytes; fewer only when the body ends.
     pub(super) async fn fill(
         &mut self,
-        into: &mut Vec<u8>,
+        into: &mut impl Room,
         want: usize,
         check: &mut BodyCheck,
     ) -> S3Result<()> {
@@ -272,6 +272,32 @@ where
                 None => return Ok(false),
             }
         }
+    }
+}
+
+/// What `Pieces::fill` appends to: memory of the caller's own, or a streamed chunk's.
+pub(super) trait Room {
+    fn len(&self) -> usize;
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+}
+
+impl Room for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        Vec::extend_from_slice(self, bytes)
+    }
+}
+
+impl Room for hydrant_engine::buf::ChunkData {
+    fn len(&self) -> usize {
+        hydrant_engine::buf::ChunkData::len(self)
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        hydrant_engine::buf::ChunkData::extend_from_slice(self, bytes)
     }
 }
 

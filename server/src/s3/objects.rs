@@ -146,8 +146,14 @@ impl Gateway {
 
     /// Room for a chunk of `bytes` in the node's bound on streamed bytes, waiting for it.
     async fn streamed_chunk(&self, bytes: usize) -> hydrant_engine::StreamedChunk {
+        self.streamed_room(bytes, true).await
+    }
+
+    /// `streamed_chunk`, with its data allocated (`allocate`) or not (for bytes kept in
+    /// memory of the caller's own).
+    async fn streamed_room(&self, bytes: usize, allocate: bool) -> hydrant_engine::StreamedChunk {
         loop {
-            if let Some(chunk) = self.engine.try_streamed_chunk(bytes) {
+            if let Some(chunk) = self.engine.try_streamed_room(bytes, allocate) {
                 return chunk;
             }
             tokio::time::sleep(STREAMED_ROOM_POLL).await;
@@ -186,12 +192,11 @@ impl Gateway {
         };
         if bytes <= chunk_bytes {
             // Within the node's bound on streamed bytes too, until the put is done.
-            let mut room = self.streamed_chunk(bytes as usize).await;
-            pieces
-                .fill(&mut room.data, bytes as usize, &mut check)
-                .await?;
-            if (room.data.len() as u64) < bytes {
-                return Err(short(room.data.len() as u64));
+            let room = self.streamed_room(bytes as usize, false).await;
+            let mut data = Vec::with_capacity(bytes as usize);
+            pieces.fill(&mut data, bytes as usize, &mut check).await?;
+            if (data.len() as u64) < bytes {
+                return Err(short(data.len() as u64));
             }
             if pieces.has_more().await? {
                 return Err(long(bytes));
@@ -203,7 +208,6 @@ impl Gateway {
                 });
             }
             let tag = md5.or(sums.md5.map(Md5Tag::whole));
-            let data = std::mem::take(&mut room.data);
             let meta = self
                 .engine
                 .put_tagged(key, data, precondition, tag, &attributes)
