@@ -1,6 +1,7 @@
 //! Device faults against a model. For each seed a store on a small file takes random puts,
 //! deletes and gets of a few dozen keys (some objects of several chunks, a few at once on
-//! different keys), checked against a plain model of what each key may hold, while the fault
+//! different keys; some puts streamed a chunk at a time with several writes in flight,
+//! finished, cut off midway or dropped unfinished), checked against a plain model of what each key may hold, while the fault
 //! device (`hydrant_engine::rt::fault`) injects one fault at a random point: a failed write, a
 //! torn write (only its first sectors reach the file), a failed flush, a failed read, or a device
 //! that stops; some seeds end in a power cut that loses a random part of every write no flush
@@ -32,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use common::pattern;
-use hydrant_engine::buf::Arena;
+use hydrant_engine::buf::{Arena, ChunkData};
 use hydrant_engine::rt::fault::{self, Fault, FaultPlan, Injected};
 use hydrant_engine::rt::op::FileRef;
 use hydrant_engine::rt::{self, ReactorConfig};
@@ -468,7 +469,8 @@ async fn put_streamed(
         _ => put.chunk_count(),
     };
     for piece in data.chunks(CHUNK_BYTES as usize).take(started) {
-        put.write_chunk(piece).await?;
+        put.write_streamed(ChunkData::copied_from(piece), ())
+            .await?;
     }
     match streamed {
         Streamed::Finished => put.finish().await.map(|_| ()),

@@ -20,8 +20,9 @@ use crate::format::BLOCK_BYTES;
 /// streamed bytes in memory is 128 MiB).
 pub const CHUNK_POOL_BYTES_MAX: usize = 64 << 20;
 
-/// The huge page the allocations are aligned to.
+/// The huge page the allocations are aligned to (a multiple of `BUFFER_ALIGN_BYTES`).
 const HUGE_PAGE_BYTES: usize = 2 << 20;
+const _: () = assert!(HUGE_PAGE_BYTES.is_multiple_of(BUFFER_ALIGN_BYTES));
 
 /// An idle allocation.
 struct Idle {
@@ -59,8 +60,7 @@ fn allocate(bytes: usize) -> (NonNull<u8>, Layout) {
     }
     // Aligned to a huge page and advised to be backed by them, as the arena is: a 4 MiB
     // write from 4 KiB pages reaches the device in many more pieces.
-    let layout = Layout::from_size_align(bytes, HUGE_PAGE_BYTES.max(BUFFER_ALIGN_BYTES))
-        .expect("valid layout");
+    let layout = Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("valid layout");
     // SAFETY: the layout's size is at least a block (every caller asks for one).
     let pointer = unsafe { std::alloc::alloc(layout) };
     let pointer = NonNull::new(pointer).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
@@ -215,7 +215,7 @@ impl ChunkData {
         };
         // SAFETY: the header block and the padding lie within the allocation (made for the
         // capacity, and len <= capacity); writing them makes every byte of the entry
-        // initialised. The allocation passes to the IoBuf, which frees it with `layout`.
+        // initialised. The allocation passes to the IoBuf, which gives it back to the pool.
         unsafe {
             std::ptr::write_bytes(this.pointer.as_ptr(), 0, BLOCK_BYTES);
             let end = BLOCK_BYTES + this.len;

@@ -300,8 +300,8 @@ pub struct DirectRead {
     pub len: u64,
 }
 
-/// Chunks of streamed puts one shard copies and writes at once (4 of 4 MiB keep a device busy:
-/// its bytes in flight are bounded at 8 MiB by default).
+/// Chunks of puts one shard writes at once, streamed or same-host (4 of 4 MiB keep a device
+/// busy: its bytes in flight are bounded at 16 MiB by default).
 const STREAMED_WRITES_MAX: usize = 4;
 
 /// How many times an operation rewrites entries that reclaim took from under it before it
@@ -351,8 +351,8 @@ pub struct Store {
     reclaiming: Cell<bool>,
     /// Woken when a region's readers or writes drain.
     region_idle: WaitQueue,
-    /// Chunks of streamed puts being copied and written at once (each copy is a chunk of
-    /// memory: the bound keeps them few however many streams arrive).
+    /// Chunks of puts being written at once (each is a chunk of memory, a streamed chunk's or
+    /// an arena copy: the bound keeps them few however many puts arrive).
     streamed_writes: std::rc::Rc<crate::rt::sync::Semaphore>,
     failure: RefCell<Option<String>>,
     counters: RefCell<Counters>,

@@ -162,12 +162,6 @@ impl PutStream {
         }
     }
 
-    /// Write the next chunk (exactly `chunk_len` bytes), a copy of `data`; as `write_streamed`.
-    pub async fn write_chunk(&mut self, data: &[u8]) -> Result<()> {
-        self.write_streamed(crate::buf::ChunkData::copied_from(data), ())
-            .await
-    }
-
     /// Write the next chunk (exactly `chunk_len` bytes) from where it lies, holding `hold`
     /// (the chunk's room in the node's bound) until its write may start: from then on the
     /// chunk counts among the shard's `STREAMED_WRITES_MAX`, as an arena copy would, and the
