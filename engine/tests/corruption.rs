@@ -511,3 +511,132 @@ fn direct_reads_with_chunks_that_are_not_whole_pieces_land_the_right_bytes() {
         );
     }
 }
+
+/// Zero every seal block of `path`: the store then reads as one whose process died before it
+/// closed (its newest region is scanned as a tail, verifying data).
+fn unseal(path: &std::path::Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    for block in bytes.chunks_mut(4096) {
+        if &block[..4] == ENTRY_MAGIC && block[4] == 3 {
+            block.fill(0);
+        }
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// An entry in the newest region whose header checks out and whose data does not, with
+/// acknowledged entries after it (a same-host writer that changed its memory while the device
+/// read it, or a crash): recovery keeps what follows and voids that version, whose older one
+/// comes back, at this open and every later one. `fill_region` leaves the region no room after
+/// its last entry, so that the marker goes over the damaged entry's header.
+fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
+    let dir = TempDir::new("damaged-in-tail");
+    let path = dir.file("data.hyd");
+    let config = || {
+        // 1 MiB regions (256 blocks, chunks of 256 KiB), one shard, no checkpoints: every open
+        // scans the log.
+        let mut config = config(&path, 16 * MIB, 1, if fill_region { 1 } else { 4 });
+        config.checkpoints.load = false;
+        config.checkpoints.on_close = false;
+        config
+    };
+    // In blocks: the region header, 14 + 19 for the victim's versions, 4 × 50 + 21 after: 255
+    // of 256, so that one block (room for the seal, not for a marker as well) is left.
+    let after: Vec<(String, Vec<u8>)> = (0..5u64)
+        .map(|index| {
+            let size = if index < 4 { 200_000 } else { 20 * 4096 };
+            (format!("after-{index}"), pattern(100 + index, size))
+        })
+        .collect();
+    let engine = Engine::open(config()).unwrap();
+    block_on(engine.put("data", "victim", pattern(1, 50_000))).unwrap();
+    block_on(engine.put("data", "victim", pattern(2, 70_000))).unwrap();
+    for (key, data) in &after {
+        block_on(engine.put("data", key, data.clone())).unwrap();
+    }
+    engine.close();
+
+    let found = entries(&path);
+    assert_eq!(found.len(), 7, "{found:?}");
+    let (damaged, _) = *found
+        .iter()
+        .find(|&&(_, data_bytes)| data_bytes == 70_000)
+        .expect("the victim's newer version");
+    let last = found.last().unwrap();
+    if fill_region {
+        assert_eq!(
+            (last.0 + 4096 + last.1 as u64) % MIB,
+            MIB - 4096,
+            "the region's last entry leaves one block: {found:?}"
+        );
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let target = damaged + 4096 + 30_000;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, target).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x5A], target).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    unseal(&path);
+
+    let check = |engine: &Engine, when: &str| {
+        let (_, victim) = block_on(engine.get("data", "victim", None))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{when}: the victim's older version is there"));
+        assert!(
+            victim == pattern(1, 50_000),
+            "{when}: the victim is its older version"
+        );
+        for (key, data) in &after {
+            let (_, read) = block_on(engine.get("data", key, None))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{when}: {key}, written after the damage, is kept"));
+            assert!(read == *data, "{when}: {key} reads back exact");
+        }
+    };
+    let engine = Engine::open(config()).unwrap();
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats[0].counters.damaged_voided, 1);
+    assert_eq!(stats[0].counters.torn_tails, 0);
+    check(&engine, "after the first open");
+    block_on(engine.put("data", "later", pattern(9, 5000))).unwrap();
+    engine.close();
+    let mut kind = [0u8];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut kind, damaged + 4)
+        .unwrap();
+    assert_eq!(
+        kind[0],
+        if fill_region { 5 } else { 1 },
+        "a void marker over the damaged entry's header only where no room was left"
+    );
+    // Its region now sealed and trusted without reading data: the marker keeps the damaged
+    // version out.
+    let engine = Engine::open(config()).unwrap();
+    check(&engine, "after a clean reopen");
+    engine.close();
+    // And scanned as a tail again (the seals gone, as if the process had died once more).
+    unseal(&path);
+    let engine = Engine::open(config()).unwrap();
+    check(&engine, "after another unclean reopen");
+    let (_, later) = block_on(engine.get("data", "later", None))
+        .unwrap()
+        .unwrap();
+    assert!(later == pattern(9, 5000));
+    engine.close();
+}
+
+#[test]
+fn a_damaged_entry_before_acknowledged_ones_is_voided_and_they_are_kept() {
+    damaged_entry_before_acknowledged_ones(false);
+}
+
+#[test]
+fn a_damaged_entry_in_a_full_region_is_voided_in_its_place() {
+    damaged_entry_before_acknowledged_ones(true);
+}

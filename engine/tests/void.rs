@@ -133,8 +133,8 @@ fn older_stores_are_read_and_upgraded_and_an_unknown_version_is_refused() {
     let engine = Engine::open(tiny_config(&path)).unwrap();
     block_on(engine.put("data", "kept", pattern(7, 300_000))).unwrap();
     engine.close();
-    assert_eq!(format_version(&path), [5, 5]);
-    for older in [1, 2, 3, 4] {
+    assert_eq!(format_version(&path), [6, 6]);
+    for older in [1, 2, 3, 4, 5] {
         set_format_version(&path, older);
         let engine = Engine::open(tiny_config(&path)).unwrap();
         let (_, data) = block_on(engine.get("data", "kept", None)).unwrap().unwrap();
@@ -142,14 +142,14 @@ fn older_stores_are_read_and_upgraded_and_an_unknown_version_is_refused() {
         engine.close();
         assert_eq!(
             format_version(&path),
-            [5, 5],
+            [6, 6],
             "upgraded from {older} on open"
         );
     }
-    set_format_version(&path, 6);
+    set_format_version(&path, 7);
     let refused = Engine::open(tiny_config(&path)).err().expect("refused");
     assert!(
-        refused.to_string().contains("format version 6"),
+        refused.to_string().contains("format version 7"),
         "{refused}"
     );
 }

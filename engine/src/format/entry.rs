@@ -135,6 +135,26 @@ impl EntryHeader {
         }
     }
 
+    /// A void marker: version `seq` of `bucket`/`key` must not be recovered.
+    pub fn void_marker(bucket: Vec<u8>, key: Vec<u8>, seq: u64) -> EntryHeader {
+        EntryHeader {
+            kind: EntryKind::Void,
+            flags: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            data_bytes: 0,
+            seq: 0,
+            region_seq: 0,
+            object_bytes: seq,
+            md5: None,
+            modified_ms: 0,
+            bucket,
+            key,
+            data_crcs: Vec::new(),
+            attributes: Vec::new(),
+        }
+    }
+
     /// Bytes the entry takes in its region: the header block and the padded data.
     pub fn entry_bytes(&self) -> u64 {
         (BLOCK_BYTES + crate::buf::align_up(self.data_bytes as usize)) as u64
@@ -217,7 +237,7 @@ impl EntryHeader {
             && etag_len <= ETAG_BYTES_MAX
             && crc_count <= CRC_COUNT_MAX
             && crc_count == crc_count_of(data_bytes, crc_block_bytes)
-            && (kind == EntryKind::Chunk || data_bytes == 0)
+            && (matches!(kind, EntryKind::Chunk | EntryKind::Void) || data_bytes == 0)
             && (kind != EntryKind::Chunk || chunk_index < chunk_count);
         if !lengths_ok {
             return None;

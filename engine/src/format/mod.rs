@@ -25,10 +25,12 @@ pub const BLOCK_BYTES: usize = 4096;
 /// not know), version 3 an object's attributes in its first chunk's header (which a version 2
 /// build would drop when it relocates the entry), version 4 a checksum among the attributes
 /// (whose tag a version 3 build takes for damage), version 5 a checksum whose value is in the
-/// version's last chunk header (which a version 4 build takes for damage); an older store is read as it is and upgraded
+/// version's last chunk header (which a version 4 build takes for damage), version 6 a void
+/// marker written by recovery over a damaged entry, keeping its length (which a version 5
+/// build takes for a damaged header); an older store is read as it is and upgraded
 /// when opened (its superblocks rewritten), so that an older build refuses it instead of
 /// misreading a void marker or an object's attributes, or losing them.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The oldest format this build reads.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Where the two superblock copies live.

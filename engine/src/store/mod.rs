@@ -188,6 +188,9 @@ pub struct Counters {
     pub damaged_headers: u64,
     /// Found while recovering: the tail region ended in an entry that was not fully written.
     pub torn_tails: u64,
+    /// Found while recovering: versions with an entry in the tail region whose data did not
+    /// check out and sound entries after it, voided.
+    pub damaged_voided: u64,
     /// Recovery loaded an index checkpoint (1) or scanned every region (0).
     pub recovered_from_checkpoint: u64,
     /// Log regions recovery scanned (all of them without a checkpoint).

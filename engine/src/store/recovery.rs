@@ -3,8 +3,9 @@
 //! Region headers say which regions hold this shard's log and in what order (region_seq).
 //! Sealed regions are scanned trusting entry headers (their writes were all flushed before a
 //! newer region was opened); the newest region is scanned verifying every entry's data, and
-//! ends at the first entry that does not check out. A seal is then written at that end so that
-//! a later recovery never reads past it. For every key the newest version whose chunks are all
+//! ends after the last entry that checks out (the versions of damaged entries before that are
+//! voided: see `ScanMode::Tail`). A seal is then written at that end so that a later recovery
+//! never reads past it. For every key the newest version whose chunks are all
 //! present, that no newer tombstone deletes and that no void marker names is indexed; it is
 //! dirty unless a clean marker names it.
 
@@ -234,6 +235,66 @@ impl Store {
         self.make_durable().await
     }
 
+    /// Void the versions of `damaged`, entries in the tail region whose data did not check out
+    /// with sound entries after them (see `RegionScan::damaged`), before the seal that makes a
+    /// later scan trust their headers; returns where the seal goes. The markers are written at
+    /// `end` and made durable before the seal is written, so that a crash between the two
+    /// leaves a region that is scanned as a tail again (a torn marker is its torn end). In a
+    /// region without room for them, each damaged entry's header is rewritten in its place as
+    /// a marker of the same length instead.
+    async fn void_damaged(
+        &self,
+        region: usize,
+        region_seq: u64,
+        end: u64,
+        damaged: &[super::scan::ScannedEntry],
+    ) -> Result<u64> {
+        if damaged.is_empty() {
+            return Ok(end);
+        }
+        let mut versions: Vec<(u64, &EntryHeader)> = Vec::new();
+        for entry in damaged {
+            if !versions.iter().any(|(_, header)| {
+                header.seq == entry.header.seq
+                    && header.bucket == entry.header.bucket
+                    && header.key == entry.header.key
+            }) {
+                versions.push((entry.offset, &entry.header));
+            }
+        }
+        log::warn!(
+            "shard {}: voided {} versions whose entries in region {region} did not check out \
+             with sound entries after them (torn by a crash, or changed by their writer while \
+             they were written)",
+            self.shard,
+            versions.len()
+        );
+        self.count(|counters| counters.damaged_voided += versions.len() as u64);
+        let room = (versions.len() as u64 + 1) * BLOCK_BYTES as u64;
+        let appended = end + room <= self.geometry.region_bytes;
+        let mut at = end;
+        for &(offset, header) in &versions {
+            let mut marker =
+                EntryHeader::void_marker(header.bucket.clone(), header.key.clone(), header.seq);
+            marker.region_seq = region_seq;
+            let target = if appended {
+                at += BLOCK_BYTES as u64;
+                at - BLOCK_BYTES as u64
+            } else {
+                // The same length as the entry it replaces, so that a scan steps over its data.
+                marker.data_bytes = header.data_bytes;
+                marker.data_crcs = header.data_crcs.clone();
+                offset
+            };
+            let mut buf = self.arena.allocate(BLOCK_BYTES);
+            buf.set_len(BLOCK_BYTES);
+            marker.encode_into(buf.as_mut_slice());
+            self.write_block(region, target, buf).await?;
+        }
+        self.make_durable().await?;
+        Ok(at)
+    }
+
     /// Seal the open region after the last write, so that the next open trusts it without
     /// reading its data back, and (by policy) write a checkpoint of the index, so that it
     /// scans no region at all. Called once no request is in flight.
@@ -354,6 +415,7 @@ impl Store {
         };
 
         let mut tail_end = None;
+        let mut tail_damaged = Vec::new();
         let mut scans = Vec::new();
         for (position, &(region_seq, region)) in used.iter().enumerate() {
             self.regions.borrow_mut()[region].region_seq = region_seq;
@@ -380,6 +442,7 @@ impl Store {
             });
             if newest && !trusted_seal {
                 tail_end = Some((region, region_seq, scan.end));
+                tail_damaged = std::mem::take(&mut scan.damaged);
             }
             scans.push((region, scan.entries));
         }
@@ -491,6 +554,9 @@ impl Store {
             self.erase_header(region).await?;
         }
         if let Some((region, region_seq, end)) = tail_end {
+            let end = self
+                .void_damaged(region, region_seq, end, &tail_damaged)
+                .await?;
             self.write_seal(region, region_seq, end).await?;
         } else if !erase.is_empty() {
             self.make_durable().await?;

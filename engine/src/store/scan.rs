@@ -16,8 +16,10 @@ pub(crate) enum ScanMode {
     /// headers (data is verified when read), and skip over a damaged header to the next valid
     /// one.
     Sealed,
-    /// The newest region, which may end in a torn write: verify every entry's data and stop at
-    /// the first entry that does not check out.
+    /// The newest region, which may end in a torn write: verify every entry's data. An entry
+    /// whose header checks out and whose data does not is passed over; the log ends after the
+    /// last entry that checks out (see `RegionScan::damaged`), or at the first header that does
+    /// not.
     Tail,
 }
 
@@ -32,8 +34,16 @@ pub(crate) struct RegionScan {
     pub end: u64,
     /// Headers that failed their checksum and were skipped (sealed regions only).
     pub damaged_headers: u64,
-    /// The scan stopped at an entry whose data did not check out (tail region only).
+    /// The log ended in entries whose data did not check out (tail region only).
     pub torn: bool,
+    /// Entries with a sound header and data that does not check out, followed by an entry
+    /// that checks out (tail region only). Torn by a crash (a write that was never
+    /// acknowledged: nothing placed after an acknowledged write's entries is acknowledged
+    /// before they are written) or changed while the device read them (a put written from a
+    /// same-host client's memory, which the client wrote to meantime): either way they were
+    /// not what their headers say, and recovery must void them, since what follows them
+    /// may be acknowledged. Damaged entries with nothing sound after them are the torn end.
+    pub damaged: Vec<ScannedEntry>,
     /// The log ends in a seal entry: it was closed cleanly (or sealed by a recovery).
     pub ends_in_seal: bool,
 }
@@ -86,8 +96,11 @@ impl Store {
             end: BLOCK_BYTES as u64,
             damaged_headers: 0,
             torn: false,
+            damaged: Vec::new(),
             ends_in_seal: false,
         };
+        // Damaged entries not yet followed by a sound one (tail region only).
+        let mut pending: Vec<ScannedEntry> = Vec::new();
         let mut window = Window {
             start: 0,
             buf: self.arena.allocate(SCAN_WINDOW_BYTES),
@@ -132,7 +145,7 @@ impl Store {
                 scan.ends_in_seal = true;
                 break;
             }
-            if mode == ScanMode::Tail && header.data_bytes > 0 {
+            if mode == ScanMode::Tail && header.kind == EntryKind::Chunk && header.data_bytes > 0 {
                 let data_offset = offset + BLOCK_BYTES as u64;
                 let data_len = header.data_bytes as usize;
                 let intact = if window.covers(data_offset, data_len) {
@@ -152,15 +165,19 @@ impl Store {
                     read >= data_len && data_intact(&buf.as_slice()[..data_len], &header, crc_block)
                 };
                 if !intact {
-                    scan.torn = true;
-                    break;
+                    let next = offset + header.entry_bytes();
+                    pending.push(ScannedEntry { offset, header });
+                    offset = next;
+                    continue;
                 }
             }
             let next = offset + header.entry_bytes();
+            scan.damaged.append(&mut pending);
             scan.entries.push(ScannedEntry { offset, header });
             offset = next;
             scan.end = next;
         }
+        scan.torn |= !pending.is_empty();
         Ok(scan)
     }
 }

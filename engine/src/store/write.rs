@@ -310,22 +310,8 @@ impl Store {
         if self.failure.borrow().is_some() {
             return error;
         }
-        let header = EntryHeader {
-            kind: EntryKind::Void,
-            flags: 0,
-            chunk_index: 0,
-            chunk_count: 0,
-            data_bytes: 0,
-            seq: 0,
-            region_seq: 0,
-            object_bytes: seq,
-            md5: None,
-            modified_ms: 0,
-            bucket: key.bucket_bytes().to_vec(),
-            key: key.key_bytes().to_vec(),
-            data_crcs: Vec::new(),
-            attributes: Vec::new(),
-        };
+        let header =
+            EntryHeader::void_marker(key.bucket_bytes().to_vec(), key.key_bytes().to_vec(), seq);
         // The marker comes after every entry of the version in the log, so it is reclaimed
         // only once they are gone (reclaim takes the oldest region first and never moves
         // entries the index does not hold).
