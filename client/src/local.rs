@@ -293,11 +293,13 @@ impl LocalClient {
 
     /// Store the `length` bytes at `offset` of `region` as `bucket/key`, by the bucket's write
     /// mode, if the key is as `condition` requires (else a PRECONDITION_FAILED status). The
-    /// bytes do not cross the socket: the shard that owns the key copies them from the region
-    /// into its own buffers, checksums them there and writes them. Answers once the object is
-    /// durable (on NVMe, or at the origin for a write-through bucket). Leave the bytes as they
-    /// are until then: bytes changed meanwhile are stored as they were when the server copied
-    /// them, a mix of old and new. A client that goes away before the answer abandons the write
+    /// bytes do not cross the socket: the shard that owns the key checksums them in the region
+    /// and has the device write them from there (from an `offset` that is a multiple of 4096;
+    /// else it copies them into its own buffers first). Answers once the object is durable (on
+    /// NVMe, or at the origin for a write-through bucket). Leave the bytes as they are until
+    /// then: with bytes changed meanwhile the object may fail its checksums (its reads answer
+    /// DATA_CORRUPT, and a restart after a crash drops it); no other object is affected. A
+    /// client that goes away before the answer abandons the write
     /// (nothing becomes visible, unless its last chunk was already written).
     pub fn write_from(
         &mut self,

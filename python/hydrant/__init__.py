@@ -900,8 +900,9 @@ class LocalClient:
         socket. ``if_absent``: only if no object has the key (else
         :class:`PreconditionFailed`, and nothing is written); ``if_version``: only if the
         version stored is this one. Returns once the object is durable (on NVMe, or at the
-        origin for a write-through bucket). Leave those bytes unchanged until then: bytes
-        changed meanwhile may be stored as a mix of old and new, for this object only."""
+        origin for a write-through bucket). Leave those bytes unchanged until then: with
+        bytes changed meanwhile this object (and no other) may fail its checksums when read,
+        and be dropped by a restart after a crash."""
         bucket, key = _split(path)
         if offset < 0 or offset > len(region):
             raise UsageError(f"offset {offset} is outside the region's {len(region)} bytes")

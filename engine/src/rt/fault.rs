@@ -359,6 +359,13 @@ pub(crate) fn before_read() -> io::Result<()> {
     }
 }
 
+/// Whether a plan is installed on this thread (a caller that would build the bytes of a write
+/// only for the plan asks first).
+#[inline]
+pub(crate) fn installed() -> bool {
+    INSTALLED.get()
+}
+
 #[inline]
 pub(crate) fn before_write(file: FileRef, offset: u64, bytes: &[u8]) -> io::Result<WriteTicket> {
     if !INSTALLED.get() {

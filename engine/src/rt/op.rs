@@ -220,6 +220,10 @@ pub async fn read_vectored_at(
             iov_base: external.as_mut_ptr().cast(),
             iov_len: external.len(),
         },
+        libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        },
     ];
     // The iovecs live in the box, which the ring holds (with both buffers) until completion.
     let vectored = Box::new(Vectored {
@@ -272,6 +276,76 @@ pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>
             .build(),
     };
     let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
+    fault::after_write(ticket);
+    let buf = into_buf(keep);
+    let result = match result {
+        Ok(written) if written == length => Ok(()),
+        Ok(written) => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("short write: {written} of {length} bytes at offset {offset}"),
+        )),
+        Err(error) => Err(error),
+    };
+    (result, buf)
+}
+
+/// Write at `offset` the first `split` bytes of `buf`, then the whole of `external`, then the
+/// rest of `buf` up to its length, in one operation (WRITEV: an entry's header block, its data
+/// where a same-host client's memory holds it, and the last block's copy). A short write is an
+/// error. The device reads `external` while the write runs: bytes its owner changes meanwhile
+/// may be written as they were or as they became.
+pub async fn write_split_at(
+    file: FileRef,
+    buf: IoBuf,
+    split: usize,
+    external: ExternalBuf,
+    offset: u64,
+) -> (io::Result<()>, IoBuf) {
+    assert!(split <= buf.len(), "a split past the buffer's end");
+    let ticket = if fault::installed() {
+        let mut bytes = buf.as_slice()[..split].to_vec();
+        external.with_bytes(0, external.len(), |piece| bytes.extend_from_slice(piece));
+        bytes.extend_from_slice(&buf.as_slice()[split..]);
+        fault::before_write(file, offset, &bytes)
+    } else {
+        fault::before_write(file, offset, &[])
+    };
+    let ticket = match ticket {
+        Ok(ticket) => ticket,
+        Err(error) => return (Err(error), buf),
+    };
+    let total = buf.len() + external.len();
+    let length = u32::try_from(total).expect("one write is under 4 GiB");
+    let base = buf.as_ptr() as *mut libc::c_void;
+    let iovecs = [
+        libc::iovec {
+            iov_base: base,
+            iov_len: split,
+        },
+        libc::iovec {
+            iov_base: external.as_mut_ptr().cast(),
+            iov_len: external.len(),
+        },
+        libc::iovec {
+            // SAFETY (of the pointer arithmetic): `split` is within the buffer.
+            iov_base: unsafe { base.cast::<u8>().add(split) }.cast(),
+            iov_len: buf.len() - split,
+        },
+    ];
+    let count = if buf.len() > split { 3 } else { 2 };
+    let vectored = Box::new(Vectored {
+        iovecs,
+        buf,
+        _external: external,
+    });
+    let pointer = vectored.iovecs.as_ptr();
+    let entry = match file {
+        FileRef::Fixed(fixed) => opcode::Writev::new(types::Fixed(fixed), pointer, count),
+        FileRef::Raw(fd) => opcode::Writev::new(types::Fd(fd), pointer, count),
+    }
+    .offset(offset)
+    .build();
+    let (result, keep) = Op::new(entry, Keep::Vectored(vectored), length).await;
     fault::after_write(ticket);
     let buf = into_buf(keep);
     let result = match result {

@@ -207,7 +207,8 @@ pub struct Counters {
     pub checkpoint_pause_us: u64,
     /// Bytes of puts written from a same-host client's shared memory.
     pub shared_bytes_written: u64,
-    /// Of those, bytes copied into the arena first (all of them: see `PutStream::write_shared`).
+    /// Of those, bytes copied into the arena first (a chunk whose start is not aligned for
+    /// direct I/O, and the last partial block of the others: see `PutStream::write_shared`).
     pub shared_bytes_copied: u64,
 }
 

@@ -39,6 +39,24 @@ impl Drop for StreamedChunk {
     }
 }
 
+/// A chunk's entry, ready to be placed and written.
+enum ChunkWrite {
+    /// All of it in `buf`: a header block to fill, `length` data bytes, zeros to the block
+    /// boundary.
+    Whole {
+        buf: crate::buf::IoBuf,
+        length: usize,
+    },
+    /// `whole`, the chunk's bytes in a same-host client's memory, written as a header block
+    /// (`buf`'s first), `body` (the whole blocks of `whole`, where they lie), then the rest of
+    /// `buf` (a copy of the last partial block, zeros to its end).
+    Split {
+        buf: crate::buf::IoBuf,
+        body: ExternalBuf,
+        whole: ExternalBuf,
+    },
+}
+
 /// A put in progress; see the module's comment. Dropped before `finish`, it is abandoned.
 pub struct PutStream {
     store: Rc<Store>,
@@ -181,22 +199,28 @@ impl PutStream {
         let permit = self.make_room().await?;
         drop(hold);
         let length = data.len();
-        self.start_write(data.into_entry_buf(), length, permit)
-            .await
+        self.start_write(
+            ChunkWrite::Whole {
+                buf: data.into_entry_buf(),
+                length,
+            },
+            permit,
+        )
+        .await
     }
 
     /// Write every chunk still to come from `source`, memory shared with a client on this host
-    /// that holds the object's bytes from its start. Each chunk is copied once into the arena
-    /// and checksummed there, so that what reaches the device is exactly what its checksums say
-    /// even if the client changes its memory meanwhile (such a client gets whichever bytes were
-    /// there when its chunk was copied). Writing straight from the client's memory would let a
-    /// client that changes it during the device's read put an entry whose data fails its
-    /// checksum in the log, and recovery takes such an entry in the newest region as the log's
-    /// torn end, dropping what follows it: other keys' acknowledged writes. Returns once every
-    /// chunk is written (not yet durable); on an error, only after every write in flight has
-    /// ended. Once `abandoned` is set (the client went away), no further chunk is placed and the
-    /// put ends in an error: unless every chunk was already placed, nothing of it can become
-    /// visible.
+    /// that holds the object's bytes from its start. A chunk whose start is aligned for direct
+    /// I/O is written straight from that memory (the header block and the copy of a last
+    /// partial block around it, in one vectored write) and checksummed where it lies; others are
+    /// copied into an arena buffer first. A client that changes its memory during the write
+    /// costs itself that object: its entry may then not match its checksums, so that reads of
+    /// it fail their check, and recovery voids it (never taking it for the log's torn end, which
+    /// would drop other keys' acknowledged writes after it: see `ScanMode::Tail`). Returns once
+    /// every chunk is written (not yet durable); on an error, only after every write in flight
+    /// has ended. Once `abandoned` is set (the client went away), no further chunk is placed
+    /// and the put ends in an error: unless every chunk was already placed, nothing of it can
+    /// become visible.
     pub async fn write_shared(
         &mut self,
         source: &ExternalBuf,
@@ -204,6 +228,7 @@ impl PutStream {
     ) -> Result<()> {
         let chunk_bytes = self.store.geometry.chunk_bytes as usize;
         let mut result = Ok(());
+        let mut copied = 0u64;
         for chunk in self.started..self.chunk_count {
             if abandoned.load(std::sync::atomic::Ordering::Acquire) {
                 result = Err(Error::new(
@@ -217,11 +242,24 @@ impl PutStream {
             }
             let start = chunk * chunk_bytes;
             let length = self.chunk_len(chunk);
-            result = self
-                .start_chunk(|room| {
-                    source.with_bytes(start, length, |piece| room.copy_from_slice(piece))
-                })
-                .await;
+            let body = length / BLOCK_BYTES * BLOCK_BYTES;
+            let direct = source
+                .slice(start, body)
+                .filter(|body| !body.is_empty() && body.is_aligned());
+            result = match direct {
+                Some(body) => {
+                    let whole = source.slice(start, length).expect("within the source");
+                    copied += (length - body.len()) as u64;
+                    self.start_shared_chunk(whole, body).await
+                }
+                None => {
+                    copied += length as u64;
+                    self.start_chunk(|room| {
+                        source.with_bytes(start, length, |piece| room.copy_from_slice(piece))
+                    })
+                    .await
+                }
+            };
             if result.is_err() {
                 break;
             }
@@ -230,9 +268,30 @@ impl PutStream {
         result.and(written)?;
         self.store.count(|counters| {
             counters.shared_bytes_written += self.object_bytes;
-            counters.shared_bytes_copied += self.object_bytes;
+            counters.shared_bytes_copied += copied;
         });
         Ok(())
+    }
+
+    /// Place the next chunk, `whole` in a same-host client's memory, and start its write in a
+    /// task of its own: `body` (its whole blocks, aligned for direct I/O) from where it lies,
+    /// between the header block and a copy of the last partial block in one arena buffer. As
+    /// `start_chunk`, but the arena holds at most two blocks of it.
+    async fn start_shared_chunk(&mut self, whole: ExternalBuf, body: ExternalBuf) -> Result<()> {
+        let permit = self.make_room().await?;
+        let rest = whole.len() - body.len();
+        let mut buf = self
+            .store
+            .arena
+            .allocate(BLOCK_BYTES + crate::buf::align_up(rest));
+        buf.set_len(BLOCK_BYTES + crate::buf::align_up(rest));
+        let tail = &mut buf.as_mut_slice()[BLOCK_BYTES..];
+        whole.with_bytes(body.len(), rest, |piece| {
+            tail[..rest].copy_from_slice(piece)
+        });
+        tail[rest..].fill(0);
+        self.start_write(ChunkWrite::Split { buf, body, whole }, permit)
+            .await
     }
 
     /// Copy the next chunk into an entry's buffer (`fill` is given exactly its bytes), place
@@ -250,7 +309,8 @@ impl PutStream {
         let room = &mut buf.as_mut_slice()[BLOCK_BYTES..];
         fill(&mut room[..length]);
         room[length..].fill(0);
-        self.start_write(buf, length, permit).await
+        self.start_write(ChunkWrite::Whole { buf, length }, permit)
+            .await
     }
 
     /// Wait while `CHUNK_WRITES_PER_PUT` of this put's writes are in flight, then for one of
@@ -267,17 +327,15 @@ impl PutStream {
         Ok(self.store.streamed_writes.acquire_owned().await)
     }
 
-    /// Place the next chunk, whose entry is `buf` (a header block to fill, `length` data bytes,
-    /// zeros to the block boundary), and write it in a task of its own holding `permit`.
+    /// Place the next chunk, whose entry `write` holds, and write it in a task of its own
+    /// holding `permit`.
     async fn start_write(
         &mut self,
-        buf: crate::buf::IoBuf,
-        length: usize,
+        write: ChunkWrite,
         permit: crate::rt::sync::OwnedPermit,
     ) -> Result<()> {
         let store = self.store.clone();
         let chunk = self.started;
-        let entry_bytes = buf.len();
         let stamp = if chunk + 1 == self.chunk_count {
             self.stamp
         } else {
@@ -286,9 +344,33 @@ impl PutStream {
                 ..self.stamp
             }
         };
-        let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
-        let mut header =
-            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp);
+        let (entry_bytes, mut header) = match &write {
+            ChunkWrite::Whole { buf, length } => {
+                let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
+                let header = store.new_chunk_entry(
+                    &self.key,
+                    chunk,
+                    self.object_bytes,
+                    self.dirty,
+                    data,
+                    stamp,
+                );
+                (buf.len(), header)
+            }
+            ChunkWrite::Split { buf, body, whole } => {
+                let header = whole.with_bytes(0, whole.len(), |data| {
+                    store.new_chunk_entry(
+                        &self.key,
+                        chunk,
+                        self.object_bytes,
+                        self.dirty,
+                        data,
+                        stamp,
+                    )
+                });
+                (buf.len() + body.len(), header)
+            }
+        };
         debug_assert_eq!(header.entry_bytes(), entry_bytes as u64);
         self.header_attributes(&mut header, chunk);
         let described = chunk == 0 && !header.attributes.is_empty();
@@ -311,7 +393,14 @@ impl PutStream {
         header.seq = self.seq.expect("taken with the first place");
         self.writes.push_back(crate::rt::spawn(async move {
             let _permit = permit;
-            store.write_placed_entry(header, buf, place).await
+            match write {
+                ChunkWrite::Whole { buf, .. } => store.write_placed_entry(header, buf, place).await,
+                ChunkWrite::Split { buf, body, .. } => {
+                    store
+                        .write_placed_split_entry(header, buf, body, place)
+                        .await
+                }
+            }
         }));
         Ok(())
     }

@@ -416,14 +416,32 @@ impl Store {
         header.region_seq = place.region_seq;
         header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
         self.write_placed(&place, buf).await?;
-        Ok(PlacedEntry {
-            location: Location {
-                region: place.region as u32,
-                block: (place.offset / BLOCK_BYTES as u64) as u32,
-                first_crc: header.data_crcs.first().copied().unwrap_or(0),
-            },
-            region_seq: place.region_seq,
-        })
+        Ok(placed_entry(&header, &place))
+    }
+
+    /// `write_placed_entry` of an entry whose header block is `buf`'s first, its whole data
+    /// blocks `body` (memory outside the arena), and its last partial block the rest of `buf`.
+    pub(super) async fn write_placed_split_entry(
+        &self,
+        mut header: EntryHeader,
+        mut buf: IoBuf,
+        body: crate::buf::ExternalBuf,
+        place: space::Place,
+    ) -> Result<PlacedEntry> {
+        header.region_seq = place.region_seq;
+        header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
+        let file = self.file_of(place.region);
+        let offset = self.places[place.region].offset + place.offset;
+        let (result, _buf) =
+            crate::rt::op::write_split_at(file, buf, BLOCK_BYTES, body, offset).await;
+        self.release_placed(&place);
+        result.map_err(|error| {
+            self.fail(
+                format!("write to region {} at {}", place.region, place.offset),
+                error,
+            )
+        })?;
+        Ok(placed_entry(&header, &place))
     }
 
     /// A write placed by `allocate` has ended: release the region's in-flight count.
@@ -472,5 +490,17 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+/// Where an entry with `header` written at `place` went.
+fn placed_entry(header: &EntryHeader, place: &space::Place) -> PlacedEntry {
+    PlacedEntry {
+        location: Location {
+            region: place.region as u32,
+            block: (place.offset / BLOCK_BYTES as u64) as u32,
+            first_crc: header.data_crcs.first().copied().unwrap_or(0),
+        },
+        region_seq: place.region_seq,
     }
 }

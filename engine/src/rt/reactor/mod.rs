@@ -93,9 +93,10 @@ fn check_external_slot(slot: u16) -> io::Result<()> {
     Ok(())
 }
 
-/// What a vectored read into an arena buffer and outside memory holds until its completion.
+/// What a vectored read or write of an arena buffer and outside memory holds until its
+/// completion (up to three pieces; a read uses the first two).
 pub struct Vectored {
-    pub(crate) iovecs: [libc::iovec; 2],
+    pub(crate) iovecs: [libc::iovec; 3],
     pub(crate) buf: IoBuf,
     pub(crate) _external: crate::buf::ExternalBuf,
 }
