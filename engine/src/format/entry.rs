@@ -135,17 +135,23 @@ impl EntryHeader {
         }
     }
 
-    /// A void marker: version `seq` of `bucket`/`key` must not be recovered.
-    pub fn void_marker(bucket: Vec<u8>, key: Vec<u8>, seq: u64) -> EntryHeader {
+    /// An entry without data that names `bucket`/`key`: a tombstone (`object_bytes` 0), or a
+    /// clean or void marker (`object_bytes` the seq it marks).
+    pub fn marker(
+        kind: EntryKind,
+        bucket: Vec<u8>,
+        key: Vec<u8>,
+        object_bytes: u64,
+    ) -> EntryHeader {
         EntryHeader {
-            kind: EntryKind::Void,
+            kind,
             flags: 0,
             chunk_index: 0,
             chunk_count: 0,
             data_bytes: 0,
             seq: 0,
             region_seq: 0,
-            object_bytes: seq,
+            object_bytes,
             md5: None,
             modified_ms: 0,
             bucket,
@@ -153,6 +159,11 @@ impl EntryHeader {
             data_crcs: Vec::new(),
             attributes: Vec::new(),
         }
+    }
+
+    /// A void marker: version `seq` of `bucket`/`key` must not be recovered.
+    pub fn void_marker(bucket: Vec<u8>, key: Vec<u8>, seq: u64) -> EntryHeader {
+        EntryHeader::marker(EntryKind::Void, bucket, key, seq)
     }
 
     /// Bytes the entry takes in its region: the header block and the padded data.

@@ -278,15 +278,7 @@ pub async fn write_at(file: FileRef, buf: IoBuf, offset: u64) -> (io::Result<()>
     let (result, keep) = Op::new(entry, Keep::Buf(buf), length).await;
     fault::after_write(ticket);
     let buf = into_buf(keep);
-    let result = match result {
-        Ok(written) if written == length => Ok(()),
-        Ok(written) => Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            format!("short write: {written} of {length} bytes at offset {offset}"),
-        )),
-        Err(error) => Err(error),
-    };
-    (result, buf)
+    (whole_write(result, length, offset), buf)
 }
 
 /// Write at `offset` the first `split` bytes of `buf`, then the whole of `external`, then the
@@ -348,15 +340,19 @@ pub async fn write_split_at(
     let (result, keep) = Op::new(entry, Keep::Vectored(vectored), length).await;
     fault::after_write(ticket);
     let buf = into_buf(keep);
-    let result = match result {
+    (whole_write(result, length, offset), buf)
+}
+
+/// A write's result: a short one is an error.
+fn whole_write(result: io::Result<u32>, length: u32, offset: u64) -> io::Result<()> {
+    match result {
         Ok(written) if written == length => Ok(()),
         Ok(written) => Err(io::Error::new(
             io::ErrorKind::WriteZero,
             format!("short write: {written} of {length} bytes at offset {offset}"),
         )),
         Err(error) => Err(error),
-    };
-    (result, buf)
+    }
 }
 
 /// Make every completed write to `file` durable (fdatasync).

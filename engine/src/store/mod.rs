@@ -537,22 +537,12 @@ impl Store {
             }
         }
         self.writable()?;
-        let header = EntryHeader {
-            kind: EntryKind::Clean,
-            flags: 0,
-            chunk_index: 0,
-            chunk_count: 0,
-            data_bytes: 0,
-            seq: 0,
-            region_seq: 0,
-            object_bytes: seq,
-            md5: None,
-            modified_ms: 0,
-            bucket: key.bucket_bytes().to_vec(),
-            key: key.key_bytes().to_vec(),
-            data_crcs: Vec::new(),
-            attributes: Vec::new(),
-        };
+        let header = EntryHeader::marker(
+            EntryKind::Clean,
+            key.bucket_bytes().to_vec(),
+            key.key_bytes().to_vec(),
+            seq,
+        );
         self.write_operation(key, vec![(header, &[][..])], Versioned::No, |_, _| ())
             .await?;
         Ok(true)

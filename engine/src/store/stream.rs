@@ -344,32 +344,18 @@ impl PutStream {
                 ..self.stamp
             }
         };
+        let header_of = |data: &[u8]| {
+            store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp)
+        };
         let (entry_bytes, mut header) = match &write {
-            ChunkWrite::Whole { buf, length } => {
-                let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length];
-                let header = store.new_chunk_entry(
-                    &self.key,
-                    chunk,
-                    self.object_bytes,
-                    self.dirty,
-                    data,
-                    stamp,
-                );
-                (buf.len(), header)
-            }
-            ChunkWrite::Split { buf, body, whole } => {
-                let header = whole.with_bytes(0, whole.len(), |data| {
-                    store.new_chunk_entry(
-                        &self.key,
-                        chunk,
-                        self.object_bytes,
-                        self.dirty,
-                        data,
-                        stamp,
-                    )
-                });
-                (buf.len() + body.len(), header)
-            }
+            ChunkWrite::Whole { buf, length } => (
+                buf.len(),
+                header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length]),
+            ),
+            ChunkWrite::Split { buf, body, whole } => (
+                buf.len() + body.len(),
+                whole.with_bytes(0, whole.len(), header_of),
+            ),
         };
         debug_assert_eq!(header.entry_bytes(), entry_bytes as u64);
         self.header_attributes(&mut header, chunk);

@@ -185,22 +185,12 @@ impl Store {
     /// either way, so that no older copy on the device can come back after a restart.
     pub async fn delete(&self, key: ObjectKey) -> Result<bool> {
         self.writable()?;
-        let header = EntryHeader {
-            kind: EntryKind::Tombstone,
-            flags: 0,
-            chunk_index: 0,
-            chunk_count: 0,
-            data_bytes: 0,
-            seq: 0,
-            region_seq: 0,
-            object_bytes: 0,
-            md5: None,
-            modified_ms: 0,
-            bucket: key.bucket_bytes().to_vec(),
-            key: key.key_bytes().to_vec(),
-            data_crcs: Vec::new(),
-            attributes: Vec::new(),
-        };
+        let header = EntryHeader::marker(
+            EntryKind::Tombstone,
+            key.bucket_bytes().to_vec(),
+            key.key_bytes().to_vec(),
+            0,
+        );
         let existed = self
             .write_operation(&key, vec![(header, &[][..])], Versioned::Yes, |seq, _| {
                 self.index
