@@ -119,6 +119,10 @@ async fn open_store(plan: &ShardPlan) -> Result<Store> {
         files,
         arena,
         checkpoints: plan.checkpoints,
+        writes_from_client_memory: plan
+            .device_fds
+            .iter()
+            .all(|&fd| crate::device::allows_unstable_writes(fd)),
     })
     .await
 }

@@ -524,12 +524,30 @@ fn unseal(path: &std::path::Path) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// An entry in the newest region whose header checks out and whose data does not, with
-/// acknowledged entries after it (a same-host writer that changed its memory while the device
-/// read it, or a crash): recovery keeps what follows and voids that version, whose older one
-/// comes back, at this open and every later one. `fill_region` leaves the region no room after
-/// its last entry, so that the marker goes over the damaged entry's header.
-fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
+/// Put `data` as `key` from memory outside the engine, as a same-host client's WRITE does
+/// (written where it lies).
+fn put_from_client_memory(engine: &Engine, key: &str, data: &[u8]) {
+    let source = external(data.len().next_multiple_of(4096));
+    source.write_at(0, data);
+    block_on(engine.put_shared(
+        hydrant_engine::ObjectKey::new("data", key).unwrap(),
+        source,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        data.len() as u64,
+        hydrant_engine::Precondition::Any,
+        &hydrant_engine::Attributes::default(),
+    ))
+    .unwrap();
+}
+
+/// An entry in the newest region written from a client's memory whose header checks out and
+/// whose data does not, with acknowledged entries after it (the client changed its memory
+/// while the device read it): recovery keeps what follows and voids that version, whose older
+/// one comes back, at this open and every later one. The same damage in an entry written from
+/// the server's own memory can only be a torn write, after which nothing was acknowledged: the
+/// log ends there. `fill_region` leaves the region no room after its last entry, so that the
+/// marker goes into a region of its own.
+fn damaged_entry_before_acknowledged_ones(fill_region: bool, from_client: bool) {
     let dir = TempDir::new("damaged-in-tail");
     let path = dir.file("data.hyd");
     let config = || {
@@ -550,7 +568,11 @@ fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
         .collect();
     let engine = Engine::open(config()).unwrap();
     block_on(engine.put("data", "victim", pattern(1, 50_000))).unwrap();
-    block_on(engine.put("data", "victim", pattern(2, 70_000))).unwrap();
+    if from_client {
+        put_from_client_memory(&engine, "victim", &pattern(2, 70_000));
+    } else {
+        block_on(engine.put("data", "victim", pattern(2, 70_000))).unwrap();
+    }
     for (key, data) in &after {
         block_on(engine.put("data", key, data.clone())).unwrap();
     }
@@ -583,6 +605,26 @@ fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
     drop(file);
     unseal(&path);
 
+    if !from_client {
+        // A torn end: the log stops at the victim's newer version, and what came after it is
+        // gone (none of it was acknowledged, had this been a crash).
+        let engine = Engine::open(config()).unwrap();
+        let stats = block_on(engine.stats()).unwrap();
+        assert_eq!(stats[0].counters.damaged_voided, 0);
+        assert_eq!(stats[0].counters.torn_tails, 1);
+        let (_, victim) = block_on(engine.get("data", "victim", None))
+            .unwrap()
+            .unwrap();
+        assert!(victim == pattern(1, 50_000));
+        for (key, _) in &after {
+            assert!(
+                block_on(engine.get("data", key, None)).unwrap().is_none(),
+                "{key}"
+            );
+        }
+        engine.close();
+        return;
+    }
     let check = |engine: &Engine, when: &str| {
         let (_, victim) = block_on(engine.get("data", "victim", None))
             .unwrap()
@@ -605,15 +647,26 @@ fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
     check(&engine, "after the first open");
     block_on(engine.put("data", "later", pattern(9, 5000))).unwrap();
     engine.close();
-    let mut kind = [0u8];
-    std::fs::File::open(&path)
-        .unwrap()
-        .read_exact_at(&mut kind, damaged + 4)
-        .unwrap();
+    // The damaged entry stays as it was; its marker is at the tail's end, or in a region of
+    // its own (the first region after the data's, with the marker in its first entry block)
+    // where the tail had no room.
+    let bytes = std::fs::read(&path).unwrap();
     assert_eq!(
-        kind[0],
-        if fill_region { 5 } else { 1 },
-        "a void marker over the damaged entry's header only where no room was left"
+        bytes[damaged as usize + 4],
+        1,
+        "the damaged entry is left alone"
+    );
+    let voids: Vec<usize> = (0..bytes.len() / 4096)
+        .map(|block| block * 4096)
+        .filter(|&offset| &bytes[offset..offset + 4] == ENTRY_MAGIC && bytes[offset + 4] == 5)
+        .collect();
+    assert_eq!(voids.len(), 1, "one void marker: {voids:?}");
+    let region_of =
+        |offset: u64| (offset - found[0].0 + 4096) / (if fill_region { MIB } else { 4 * MIB });
+    assert_eq!(
+        region_of(voids[0] as u64) != region_of(damaged),
+        fill_region,
+        "the marker is in the damaged entry's region unless that had no room"
     );
     // Its region now sealed and trusted without reading data: the marker keeps the damaged
     // version out.
@@ -632,11 +685,53 @@ fn damaged_entry_before_acknowledged_ones(fill_region: bool) {
 }
 
 #[test]
-fn a_damaged_entry_before_acknowledged_ones_is_voided_and_they_are_kept() {
-    damaged_entry_before_acknowledged_ones(false);
+fn a_damaged_entry_from_client_memory_is_voided_and_the_acknowledged_ones_after_it_kept() {
+    damaged_entry_before_acknowledged_ones(false, true);
 }
 
 #[test]
-fn a_damaged_entry_in_a_full_region_is_voided_in_its_place() {
-    damaged_entry_before_acknowledged_ones(true);
+fn a_damaged_entry_from_client_memory_in_a_full_region_is_voided_from_a_region_of_its_own() {
+    damaged_entry_before_acknowledged_ones(true, true);
+}
+
+#[test]
+fn a_damaged_entry_from_the_servers_memory_ends_the_log() {
+    damaged_entry_before_acknowledged_ones(false, false);
+}
+
+/// A kept entry whose data fails its checksums (bit rot, or a client that changed its memory
+/// while the entry was written from it) is dropped by reclaim, never moved: its copy would be
+/// written from the server's memory, and a copy that fails its checksums is taken for a torn
+/// write by recovery (which ends the log there).
+#[test]
+fn reclaim_drops_a_damaged_entry_rather_than_moving_it() {
+    let dir = TempDir::new("reclaim-damaged");
+    let path = dir.file("data.hyd");
+    let engine = Engine::open(config(&path, 9 * MIB, 1, 1)).unwrap();
+    // Dirty: kept by reclaim whether visited or not.
+    block_on(engine.put_with("data", "damaged", pattern(7, 100_001), true)).unwrap();
+    let (offset, _) = *entries(&path)
+        .iter()
+        .find(|&&(_, data_bytes)| data_bytes == 100_001)
+        .unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[0xEE; 16], offset + 4096 + 5000)
+        .unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    for index in 0..200u64 {
+        block_on(engine.put("data", &format!("cold-{index}"), pattern(index, 100_000))).unwrap();
+    }
+    let stats = block_on(engine.stats()).unwrap();
+    assert!(
+        stats[0].counters.reclaims >= 8,
+        "every region was reclaimed"
+    );
+    assert_eq!(stats[0].counters.checksum_errors, 1, "found by reclaim");
+    assert_eq!(
+        block_on(engine.get("data", "damaged", None)).unwrap(),
+        None,
+        "dropped, not moved"
+    );
+    engine.close();
 }

@@ -386,6 +386,8 @@ async fn open_store_with(
         files: vec![file],
         arena,
         checkpoints,
+        // As on a device that allows it (this model writes no same-host puts).
+        writes_from_client_memory: true,
     })
     .await
 }

@@ -351,3 +351,53 @@ fn direct_io_alignment(file: &File, kind: DeviceKind) -> u32 {
     }
     BLOCK_BYTES as u32
 }
+
+/// Whether the device under `fd` (a block device, or a file on a file system) may be written
+/// from memory that another process can change during the write. Not where the block layer
+/// asks for pages that stay put while they are written (`queue/stable_writes`: integrity
+/// metadata computed before the device reads the data, checksumming layers, where a change
+/// would fail the write itself and stop the store), nor where that cannot be told (a file
+/// system with no block device of its own: tmpfs, btrfs, network file systems).
+pub fn allows_unstable_writes(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: fstat writes into the zeroed struct it is given.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+        return false;
+    }
+    let device = if stat.st_mode & libc::S_IFMT == libc::S_IFBLK {
+        stat.st_rdev
+    } else {
+        stat.st_dev
+    };
+    let (major, minor) = (libc::major(device), libc::minor(device));
+    if major == 0 {
+        return false;
+    }
+    let Ok(node) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) else {
+        return false;
+    };
+    // A partition's queue is its disk's.
+    let queues = [node.join("queue"), node.join("../queue")];
+    queues
+        .iter()
+        .find_map(|queue| std::fs::read_to_string(queue.join("stable_writes")).ok())
+        .is_some_and(|flag| flag.trim() == "0")
+}
+
+#[cfg(test)]
+mod stable_write_tests {
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_file_without_a_block_device_of_its_own_is_not_written_from_client_memory() {
+        let path = format!("/dev/shm/hydrant-stable-writes-{}", std::process::id());
+        let file = std::fs::File::create(&path).unwrap();
+        let allowed = super::allows_unstable_writes(file.as_raw_fd());
+        std::fs::remove_file(&path).unwrap();
+        assert!(!allowed, "tmpfs has no queue to ask");
+        assert!(
+            !super::allows_unstable_writes(-1),
+            "nor has a closed descriptor"
+        );
+    }
+}

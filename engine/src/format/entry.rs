@@ -73,6 +73,10 @@ const _: () = assert!(
 pub const ENTRY_FLAG_DIRTY: u8 = 1;
 /// The header holds the object's attributes after its checksums.
 pub const ENTRY_FLAG_ATTRIBUTES: u8 = 2;
+/// The data was written from a same-host client's memory, which the client could change while
+/// the device read it: such an entry may fail its checksums though its write completed, and
+/// recovery passes over it (and voids its version) instead of taking it for a torn end.
+pub const ENTRY_FLAG_FROM_CLIENT: u8 = 4;
 
 /// Bytes of attributes a chunk header has room for beside `bucket_bytes` + `key_bytes` of names
 /// and `crc_count` checksums.
@@ -248,7 +252,7 @@ impl EntryHeader {
             && etag_len <= ETAG_BYTES_MAX
             && crc_count <= CRC_COUNT_MAX
             && crc_count == crc_count_of(data_bytes, crc_block_bytes)
-            && (matches!(kind, EntryKind::Chunk | EntryKind::Void) || data_bytes == 0)
+            && (kind == EntryKind::Chunk || data_bytes == 0)
             && (kind != EntryKind::Chunk || chunk_index < chunk_count);
         if !lengths_ok {
             return None;

@@ -15,7 +15,10 @@ mod superblock;
 
 pub use checkpoint::CheckpointHeader;
 pub(crate) use entry::CRC_COUNT_MAX;
-pub use entry::{attributes_room, EntryHeader, EntryKind, ENTRY_FLAG_ATTRIBUTES, ENTRY_FLAG_DIRTY};
+pub use entry::{
+    attributes_room, EntryHeader, EntryKind, ENTRY_FLAG_ATTRIBUTES, ENTRY_FLAG_DIRTY,
+    ENTRY_FLAG_FROM_CLIENT,
+};
 pub use region::RegionHeader;
 pub use superblock::{Superblock, SuperblockProblem};
 
@@ -25,9 +28,10 @@ pub const BLOCK_BYTES: usize = 4096;
 /// not know), version 3 an object's attributes in its first chunk's header (which a version 2
 /// build would drop when it relocates the entry), version 4 a checksum among the attributes
 /// (whose tag a version 3 build takes for damage), version 5 a checksum whose value is in the
-/// version's last chunk header (which a version 4 build takes for damage), version 6 a void
-/// marker written by recovery over a damaged entry, keeping its length (which a version 5
-/// build takes for a damaged header); an older store is read as it is and upgraded
+/// version's last chunk header (which a version 4 build takes for damage), version 6 entries
+/// written from a client's memory (`ENTRY_FLAG_FROM_CLIENT`), which recovery passes over when
+/// they fail their checksums (where a version 5 build would end the log, dropping what
+/// follows); an older store is read as it is and upgraded
 /// when opened (its superblocks rewritten), so that an older build refuses it instead of
 /// misreading a void marker or an object's attributes, or losing them.
 pub const FORMAT_VERSION: u32 = 6;

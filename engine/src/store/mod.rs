@@ -360,6 +360,10 @@ pub struct Store {
     streamed_writes: std::rc::Rc<crate::rt::sync::Semaphore>,
     failure: RefCell<Option<String>>,
     counters: RefCell<Counters>,
+    /// Whether every device may be written from a same-host client's memory, which the client
+    /// can change during the write (see `device::allows_unstable_writes`); where not, those
+    /// bytes are copied first.
+    writes_from_client_memory: bool,
 }
 
 /// What opening a shard's store needs.
@@ -370,6 +374,8 @@ pub struct StoreParts {
     pub files: Vec<FileRef>,
     pub arena: Arena,
     pub checkpoints: CheckpointPolicy,
+    /// See `Store::writes_from_client_memory`.
+    pub writes_from_client_memory: bool,
 }
 
 impl Store {
@@ -409,6 +415,7 @@ impl Store {
             streamed_writes: std::rc::Rc::new(crate::rt::sync::Semaphore::new(STREAMED_WRITES_MAX)),
             failure: RefCell::new(None),
             counters: RefCell::new(Counters::default()),
+            writes_from_client_memory: parts.writes_from_client_memory,
         }
     }
 

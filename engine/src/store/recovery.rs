@@ -235,64 +235,80 @@ impl Store {
         self.make_durable().await
     }
 
-    /// Void the versions of `damaged`, entries in the tail region whose data did not check out
-    /// with sound entries after them (see `RegionScan::damaged`), before the seal that makes a
-    /// later scan trust their headers; returns where the seal goes. The markers are written at
-    /// `end` and made durable before the seal is written, so that a crash between the two
-    /// leaves a region that is scanned as a tail again (a torn marker is its torn end). In a
-    /// region without room for them, each damaged entry's header is rewritten in its place as
-    /// a marker of the same length instead.
-    async fn void_damaged(
+    /// Write `markers` (void markers of versions with entries in the tail region `region`
+    /// that did not check out, see `RegionScan::damaged`) and make them durable, before the
+    /// seal that makes a later scan trust the damaged entries' headers; returns where that
+    /// seal goes. They go at the tail's `end` where it has room for them and the seal: a crash
+    /// before the seal leaves a region scanned as a tail again (a torn marker is its torn end).
+    /// Else into a free region of their own, written before its header, so that the region
+    /// (newer than the tail, after which the tail is trusted without a seal) exists only once
+    /// they are durable. Called once the log's state is rebuilt, with a free region to spare
+    /// where the tail has no room (see `marker_room`).
+    async fn write_void_markers(
         &self,
         region: usize,
         region_seq: u64,
         end: u64,
-        damaged: &[super::scan::ScannedEntry],
+        markers: &[EntryHeader],
     ) -> Result<u64> {
-        if damaged.is_empty() {
+        if markers.is_empty() {
             return Ok(end);
         }
-        let mut versions: Vec<(u64, &EntryHeader)> = Vec::new();
-        for entry in damaged {
-            if !versions.iter().any(|(_, header)| {
-                header.seq == entry.header.seq
-                    && header.bucket == entry.header.bucket
-                    && header.key == entry.header.key
-            }) {
-                versions.push((entry.offset, &entry.header));
-            }
-        }
         log::warn!(
-            "shard {}: voided {} versions whose entries in region {region} did not check out \
-             with sound entries after them (torn by a crash, or changed by their writer while \
-             they were written)",
+            "shard {}: voided {} versions with entries in region {region} that did not check out \
+             and sound entries after them (written from a client's memory that it changed \
+             meanwhile, or torn by a crash)",
             self.shard,
-            versions.len()
+            markers.len()
         );
-        self.count(|counters| counters.damaged_voided += versions.len() as u64);
-        let room = (versions.len() as u64 + 1) * BLOCK_BYTES as u64;
-        let appended = end + room <= self.geometry.region_bytes;
-        let mut at = end;
-        for &(offset, header) in &versions {
-            let mut marker =
-                EntryHeader::void_marker(header.bucket.clone(), header.key.clone(), header.seq);
-            marker.region_seq = region_seq;
-            let target = if appended {
-                at += BLOCK_BYTES as u64;
-                at - BLOCK_BYTES as u64
-            } else {
-                // The same length as the entry it replaces, so that a scan steps over its data.
-                marker.data_bytes = header.data_bytes;
-                marker.data_crcs = header.data_crcs.clone();
-                offset
-            };
-            let mut buf = self.arena.allocate(BLOCK_BYTES);
-            buf.set_len(BLOCK_BYTES);
-            marker.encode_into(buf.as_mut_slice());
-            self.write_block(region, target, buf).await?;
+        self.count(|counters| counters.damaged_voided += markers.len() as u64);
+        let encoded = |region_seq: u64| {
+            let mut buf = self.arena.allocate(markers.len() * BLOCK_BYTES);
+            buf.set_len(markers.len() * BLOCK_BYTES);
+            for (marker, block) in markers
+                .iter()
+                .zip(buf.as_mut_slice().chunks_mut(BLOCK_BYTES))
+            {
+                let mut marker = marker.clone();
+                marker.region_seq = region_seq;
+                marker.encode_into(block);
+            }
+            buf
+        };
+        if self.marker_room(end, markers.len()) {
+            self.write_block(region, end, encoded(region_seq)).await?;
+            self.make_durable().await?;
+            return Ok(end + (markers.len() * BLOCK_BYTES) as u64);
         }
+        let (own, own_seq) = {
+            let mut log = self.log.borrow_mut();
+            let own = log
+                .free
+                .pop_front()
+                .expect("a free region kept for the markers");
+            let own_seq = log.next_region_seq;
+            log.next_region_seq += 1;
+            (own, own_seq)
+        };
+        let after = BLOCK_BYTES as u64 + (markers.len() * BLOCK_BYTES) as u64;
+        self.write_block(own, BLOCK_BYTES as u64, encoded(own_seq))
+            .await?;
+        let mut seal = self.arena.allocate(BLOCK_BYTES);
+        seal.set_len(BLOCK_BYTES);
+        EntryHeader::seal(own_seq).encode_into(seal.as_mut_slice());
+        self.write_block(own, after, seal).await?;
         self.make_durable().await?;
-        Ok(at)
+        self.write_block(own, 0, self.region_header_block(own, own_seq))
+            .await?;
+        self.make_durable().await?;
+        self.regions.borrow_mut()[own].region_seq = own_seq;
+        self.log.borrow_mut().sealed.push_back(own);
+        Ok(end)
+    }
+
+    /// Whether `count` void markers and a seal fit at `end` of a region.
+    fn marker_room(&self, end: u64, count: usize) -> bool {
+        end + ((count + 1) * BLOCK_BYTES) as u64 <= self.geometry.region_bytes
     }
 
     /// Seal the open region after the last write, so that the next open trusts it without
@@ -448,6 +464,45 @@ impl Store {
         }
         let scanned = scans.len() as u64;
 
+        // One void marker per version with damaged entries in the tail, applied to this index
+        // as the markers will be to later ones (and raising the seqs seen, so that the voided
+        // one is never given out again). They need room at the tail's end or a free region to
+        // spare (one stays for reclaim); without either (a full tail region on a full store),
+        // the tail's log ends at its first damaged entry instead, as it did before such entries
+        // could be passed over.
+        let mut markers: Vec<EntryHeader> = Vec::new();
+        for entry in &tail_damaged {
+            let header = &entry.header;
+            if !markers.iter().any(|marker| {
+                marker.object_bytes == header.seq
+                    && marker.bucket == header.bucket
+                    && marker.key == header.key
+            }) {
+                markers.push(EntryHeader::void_marker(
+                    header.bucket.clone(),
+                    header.key.clone(),
+                    header.seq,
+                ));
+            }
+        }
+        if let (Some((region, region_seq, end)), Some(first)) = (tail_end, tail_damaged.first()) {
+            let spare_regions = self
+                .places
+                .len()
+                .saturating_sub(used.len() + checkpoint.as_ref().map_or(0, |c| c.regions.len()));
+            if !self.marker_room(end, markers.len()) && spare_regions < 2 {
+                log::error!(
+                    "shard {}: no room for void markers: the log of region {region} ends at its \
+                     first damaged entry, and what followed it is dropped",
+                    self.shard
+                );
+                let (_, entries) = scans.last_mut().expect("the tail was scanned");
+                entries.retain(|entry| entry.offset < first.offset);
+                tail_end = Some((region, region_seq, first.offset));
+                markers.clear();
+            }
+        }
+
         // A checkpoint's records go straight into the index, but for the keys the scan found
         // entries of and those with a chunk in a region reclaimed since: those become
         // candidates beside what the scan found, as a full scan would have gathered them.
@@ -460,13 +515,15 @@ impl Store {
                 in_progress: std::mem::take(&mut checkpoint.in_progress),
             });
             let mut scanned_keys: HashSet<Vec<u8>> = HashSet::new();
-            for (_, entries) in &scans {
-                for entry in entries {
-                    let mut joined = entry.header.bucket.clone();
-                    joined.push(0);
-                    joined.extend_from_slice(&entry.header.key);
-                    scanned_keys.insert(joined);
-                }
+            let scanned_headers = scans
+                .iter()
+                .flat_map(|(_, entries)| entries.iter().map(|entry| &entry.header))
+                .chain(&markers);
+            for header in scanned_headers {
+                let mut joined = header.bucket.clone();
+                joined.push(0);
+                joined.extend_from_slice(&header.key);
+                scanned_keys.insert(joined);
             }
             let records = std::mem::take(&mut checkpoint.records);
             direct.reserve(records.len());
@@ -491,6 +548,11 @@ impl Store {
                     &entry.header,
                     self.geometry.chunk_bytes,
                 );
+            }
+        }
+        if let Some((region, _, _)) = tail_end {
+            for marker in &markers {
+                builder.add(region, 0, marker, self.geometry.chunk_bytes);
             }
         }
         drop(scans);
@@ -555,7 +617,7 @@ impl Store {
         }
         if let Some((region, region_seq, end)) = tail_end {
             let end = self
-                .void_damaged(region, region_seq, end, &tail_damaged)
+                .write_void_markers(region, region_seq, end, &markers)
                 .await?;
             self.write_seal(region, region_seq, end).await?;
         } else if !erase.is_empty() {

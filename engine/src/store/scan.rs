@@ -1,7 +1,7 @@
 //! Reading a region's log back: for recovery and for reclaim.
 
 use crate::buf::IoBuf;
-use crate::format::{EntryHeader, EntryKind, BLOCK_BYTES};
+use crate::format::{EntryHeader, EntryKind, BLOCK_BYTES, ENTRY_FLAG_FROM_CLIENT};
 use crate::rt::op::read_at;
 use crate::{Error, Result};
 
@@ -16,10 +16,10 @@ pub(crate) enum ScanMode {
     /// headers (data is verified when read), and skip over a damaged header to the next valid
     /// one.
     Sealed,
-    /// The newest region, which may end in a torn write: verify every entry's data. An entry
-    /// whose header checks out and whose data does not is passed over; the log ends after the
-    /// last entry that checks out (see `RegionScan::damaged`), or at the first header that does
-    /// not.
+    /// The newest region, which may end in a torn write: verify every entry's data, and end
+    /// the log at the first entry that does not check out, but for one written from a client's
+    /// memory (`ENTRY_FLAG_FROM_CLIENT`) whose header checks out: that one is passed over (see
+    /// `RegionScan::damaged`).
     Tail,
 }
 
@@ -36,13 +36,14 @@ pub(crate) struct RegionScan {
     pub damaged_headers: u64,
     /// The log ended in entries whose data did not check out (tail region only).
     pub torn: bool,
-    /// Entries with a sound header and data that does not check out, followed by an entry
-    /// that checks out (tail region only). Torn by a crash (a write that was never
-    /// acknowledged: nothing placed after an acknowledged write's entries is acknowledged
-    /// before they are written) or changed while the device read them (a put written from a
-    /// same-host client's memory, which the client wrote to meantime): either way they were
-    /// not what their headers say, and recovery must void them, since what follows them
-    /// may be acknowledged. Damaged entries with nothing sound after them are the torn end.
+    /// Entries written from a client's memory, with a sound header and data that does not
+    /// check out, followed by an entry that checks out (tail region only). Torn by a crash (a
+    /// write never acknowledged) or changed by the client while the device read them (a write
+    /// that completed, after which others may have been acknowledged): either way recovery
+    /// must void their versions and keep what follows. Any other entry that does not check
+    /// out is a torn write, after which nothing was acknowledged (an acknowledgement waits for
+    /// every write placed before it): the log ends there, as it does after damaged entries with
+    /// nothing sound after them.
     pub damaged: Vec<ScannedEntry>,
     /// The log ends in a seal entry: it was closed cleanly (or sealed by a recovery).
     pub ends_in_seal: bool,
@@ -164,6 +165,10 @@ impl Store {
                     })?;
                     read >= data_len && data_intact(&buf.as_slice()[..data_len], &header, crc_block)
                 };
+                if !intact && header.flags & ENTRY_FLAG_FROM_CLIENT == 0 {
+                    scan.torn = true;
+                    break;
+                }
                 if !intact {
                     let next = offset + header.entry_bytes();
                     pending.push(ScannedEntry { offset, header });
@@ -182,7 +187,7 @@ impl Store {
     }
 }
 
-fn data_intact(data: &[u8], header: &EntryHeader, crc_block_bytes: u32) -> bool {
+pub(super) fn data_intact(data: &[u8], header: &EntryHeader, crc_block_bytes: u32) -> bool {
     data.chunks(crc_block_bytes as usize)
         .zip(&header.data_crcs)
         .all(|(piece, crc)| hydrant_crc::crc32c(piece) == *crc)

@@ -169,15 +169,7 @@ impl Store {
             log.next_region_seq += 1;
             region_seq
         };
-        let header = RegionHeader {
-            region_seq,
-            shard: self.shard,
-            region_index: self.places[next].region_index,
-            set_uuid: self.geometry.set_uuid,
-        };
-        let mut buf = self.arena.allocate(BLOCK_BYTES);
-        buf.set_len(BLOCK_BYTES);
-        header.encode_into(buf.as_mut_slice());
+        let buf = self.region_header_block(next, region_seq);
         if let Err(error) = self.write_block(next, 0, buf).await {
             self.log.borrow_mut().free.push_front(next);
             return Err(error);
@@ -190,6 +182,20 @@ impl Store {
         log.open = Some(next);
         log.write_offset = BLOCK_BYTES as u64;
         Ok(())
+    }
+
+    /// The header block of `region` opened as `region_seq`.
+    pub(super) fn region_header_block(&self, region: usize, region_seq: u64) -> IoBuf {
+        let header = RegionHeader {
+            region_seq,
+            shard: self.shard,
+            region_index: self.places[region].region_index,
+            set_uuid: self.geometry.set_uuid,
+        };
+        let mut buf = self.arena.allocate(BLOCK_BYTES);
+        buf.set_len(BLOCK_BYTES);
+        header.encode_into(buf.as_mut_slice());
+        buf
     }
 
     /// Write `buf` (whole blocks) at `offset` of `region`, outside the allocation of entries.
@@ -397,6 +403,25 @@ impl Store {
             .await
         };
         self.check_read(result, entry_bytes, victim)?;
+        // A copy is written from the server's memory: it never fails its checksums but for a
+        // torn write, which recovery takes for the log's end. So a damaged entry (one its
+        // client changed as it was written, or bit rot) is dropped rather than moved, as a read
+        // that finds it would.
+        let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + header.data_bytes as usize];
+        if !super::scan::data_intact(data, &header, self.geometry.crc_block_bytes) {
+            log::error!(
+                "shard {}: {}/{} (version {}, chunk {}): stored data does not match its \
+                 checksum; dropped rather than moved by reclaim",
+                self.shard,
+                String::from_utf8_lossy(&header.bucket),
+                String::from_utf8_lossy(&header.key),
+                header.seq,
+                header.chunk_index
+            );
+            self.count(|counters| counters.checksum_errors += 1);
+            return Ok(false);
+        }
+        header.flags &= !crate::format::ENTRY_FLAG_FROM_CLIENT;
         // Boxed: allocation may reclaim, and reclaim relocates (at most one level deep, since
         // `reclaiming` stops a nested reclaim).
         let place = match Box::pin(self.allocate_in_section(entry_bytes as u64)).await {

@@ -211,7 +211,8 @@ impl PutStream {
 
     /// Write every chunk still to come from `source`, memory shared with a client on this host
     /// that holds the object's bytes from its start. A chunk whose start is aligned for direct
-    /// I/O is written straight from that memory (the header block and the copy of a last
+    /// I/O is written straight from that memory (on devices that allow it: see
+    /// `device::allows_unstable_writes`) (the header block and the copy of a last
     /// partial block around it, in one vectored write) and checksummed where it lies; others are
     /// copied into an arena buffer first. A client that changes its memory during the write
     /// costs itself that object: its entry may then not match its checksums, so that reads of
@@ -243,9 +244,9 @@ impl PutStream {
             let start = chunk * chunk_bytes;
             let length = self.chunk_len(chunk);
             let body = length / BLOCK_BYTES * BLOCK_BYTES;
-            let direct = source
-                .slice(start, body)
-                .filter(|body| !body.is_empty() && body.is_aligned());
+            let direct = source.slice(start, body).filter(|body| {
+                self.store.writes_from_client_memory && !body.is_empty() && body.is_aligned()
+            });
             result = match direct {
                 Some(body) => {
                     let whole = source.slice(start, length).expect("within the source");
@@ -352,10 +353,11 @@ impl PutStream {
                 buf.len(),
                 header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length]),
             ),
-            ChunkWrite::Split { buf, body, whole } => (
-                buf.len() + body.len(),
-                whole.with_bytes(0, whole.len(), header_of),
-            ),
+            ChunkWrite::Split { buf, body, whole } => {
+                let mut header = whole.with_bytes(0, whole.len(), header_of);
+                header.flags |= crate::format::ENTRY_FLAG_FROM_CLIENT;
+                (buf.len() + body.len(), header)
+            }
         };
         debug_assert_eq!(header.entry_bytes(), entry_bytes as u64);
         self.header_attributes(&mut header, chunk);
