@@ -241,9 +241,10 @@ impl Store {
     /// seal goes. They go at the tail's `end` where it has room for them and the seal: a crash
     /// before the seal leaves a region scanned as a tail again (a torn marker is its torn end).
     /// Else into a free region of their own, written before its header, so that the region
-    /// (newer than the tail, after which the tail is trusted without a seal) exists only once
-    /// they are durable. Called once the log's state is rebuilt, with a free region to spare
-    /// where the tail has no room (see `marker_room`).
+    /// (newer than the tail, which is then scanned trusting its headers) exists only once
+    /// they are durable, with a zero block durable at the tail's end before it. Called once
+    /// the log's state is rebuilt, with a free region to spare where the tail has no room (see
+    /// `marker_room`).
     async fn write_void_markers(
         &self,
         region: usize,
@@ -291,6 +292,16 @@ impl Store {
             (own, own_seq)
         };
         let after = BLOCK_BYTES as u64 + (markers.len() * BLOCK_BYTES) as u64;
+        // Once the region below is durable, the tail is no longer the newest and is scanned
+        // trusting headers up to a seal or a zero block: a zero block at its end stands for
+        // its seal until that is written (a trusted header after the end could be a torn
+        // write's or a damaged client entry's).
+        if end + BLOCK_BYTES as u64 <= self.geometry.region_bytes {
+            let mut zeros = self.arena.allocate(BLOCK_BYTES);
+            zeros.set_len(BLOCK_BYTES);
+            zeros.as_mut_slice().fill(0);
+            self.write_block(region, end, zeros).await?;
+        }
         self.write_block(own, BLOCK_BYTES as u64, encoded(own_seq))
             .await?;
         let mut seal = self.arena.allocate(BLOCK_BYTES);
