@@ -735,3 +735,96 @@ fn reclaim_drops_a_damaged_entry_rather_than_moving_it() {
     );
     engine.close();
 }
+
+/// A voided version's seq is never given out again, though every sound entry after it has an
+/// older one (here the last chunk of a streamed put begun before it): a put of the same key
+/// after the reopen must not take that seq, or the marker would void it at the next one.
+#[test]
+fn a_voided_versions_seq_is_not_given_out_again() {
+    let dir = TempDir::new("voided-seq");
+    let path = dir.file("data.hyd");
+    let config = || {
+        let mut config = config(&path, 32 * MIB, 1, 4);
+        config.checkpoints.load = false;
+        config.checkpoints.on_close = false;
+        config
+    };
+    let engine = Engine::open(config()).unwrap();
+    block_on(engine.put("data", "victim", pattern(1, 50_000))).unwrap();
+    // A streamed put of two chunks: its seq is taken when its first chunk is placed.
+    let chunk_bytes = engine.chunk_bytes() as usize;
+    let streamed = pattern(5, 2 * chunk_bytes);
+    let (sink, done) = engine
+        .put_stream_key(
+            hydrant_engine::ObjectKey::new("data", "streamed").unwrap(),
+            streamed.len() as u64,
+            hydrant_engine::Precondition::Any,
+            &Default::default(),
+        )
+        .unwrap();
+    let done = std::thread::spawn(move || block_on(done));
+    let send = |piece: &[u8]| {
+        let mut chunk = block_on(engine.streamed_chunk(piece.len()));
+        chunk.data.extend_from_slice(piece);
+        assert!(block_on(sink.send(chunk)));
+    };
+    send(&streamed[..chunk_bytes]);
+    let placed = std::time::Instant::now();
+    while !entries(&path)
+        .iter()
+        .any(|&(_, data_bytes)| data_bytes as usize == chunk_bytes)
+    {
+        assert!(
+            placed.elapsed().as_secs() < 30,
+            "the first chunk is written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The newest seq, from a client's memory; then the streamed put's last chunk after it.
+    put_from_client_memory(&engine, "victim", &pattern(2, 70_000));
+    send(&streamed[chunk_bytes..]);
+    drop(sink);
+    done.join().unwrap().unwrap();
+    engine.close();
+
+    let found = entries(&path);
+    let damaged = found
+        .iter()
+        .position(|&(_, data_bytes)| data_bytes == 70_000)
+        .unwrap();
+    assert_eq!(
+        found[damaged + 1].1 as usize,
+        chunk_bytes,
+        "the streamed put's last chunk follows the victim's newer version: {found:?}"
+    );
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[0xEE; 16], found[damaged].0 + 4096 + 100)
+        .unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    unseal(&path);
+
+    let engine = Engine::open(config()).unwrap();
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats[0].counters.damaged_voided, 1);
+    let (_, victim) = block_on(engine.get("data", "victim", None))
+        .unwrap()
+        .unwrap();
+    assert!(victim == pattern(1, 50_000), "the older version is back");
+    let (_, read) = block_on(engine.get("data", "streamed", None))
+        .unwrap()
+        .unwrap();
+    assert!(read == streamed);
+    block_on(engine.put("data", "victim", pattern(3, 60_000))).unwrap();
+    engine.close();
+    let engine = Engine::open(config()).unwrap();
+    let (_, victim) = block_on(engine.get("data", "victim", None))
+        .unwrap()
+        .unwrap();
+    assert!(
+        victim == pattern(3, 60_000),
+        "the put after the reopen is kept ({} bytes read)",
+        victim.len()
+    );
+    engine.close();
+}
