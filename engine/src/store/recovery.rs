@@ -3,9 +3,9 @@
 //! Region headers say which regions hold this shard's log and in what order (region_seq).
 //! Sealed regions are scanned trusting entry headers (their writes were all flushed before a
 //! newer region was opened); the newest region is scanned verifying every entry's data, and
-//! ends after the last entry that checks out (the versions of damaged entries before that are
-//! voided: see `ScanMode::Tail`). A seal is then written at that end so that a later recovery
-//! never reads past it. For every key the newest version whose chunks are all
+//! ends at the first entry that does not check out, but for entries written from a client's
+//! memory, which are passed over and their versions voided (see `ScanMode::Tail`). A seal is
+//! then written at that end so that a later recovery never reads past it. For every key the newest version whose chunks are all
 //! present, that no newer tombstone deletes and that no void marker names is indexed; it is
 //! dirty unless a clean marker names it.
 
@@ -228,11 +228,24 @@ impl Store {
         if end + BLOCK_BYTES as u64 > self.geometry.region_bytes {
             return Ok(()); // the region is full: its end is its end
         }
-        let mut buf = self.arena.allocate(BLOCK_BYTES);
-        buf.set_len(BLOCK_BYTES);
-        EntryHeader::seal(region_seq).encode_into(buf.as_mut_slice());
+        let buf = self.entry_blocks(&[EntryHeader::seal(region_seq)], region_seq);
         self.write_block(region, end, buf).await?;
         self.make_durable().await
+    }
+
+    /// A block for each of `headers` (entries without data), under `region_seq`.
+    fn entry_blocks(&self, headers: &[EntryHeader], region_seq: u64) -> crate::buf::IoBuf {
+        let mut buf = self.arena.allocate(headers.len() * BLOCK_BYTES);
+        buf.set_len(headers.len() * BLOCK_BYTES);
+        for (header, block) in headers
+            .iter()
+            .zip(buf.as_mut_slice().chunks_mut(BLOCK_BYTES))
+        {
+            let mut header = header.clone();
+            header.region_seq = region_seq;
+            header.encode_into(block);
+        }
+        buf
     }
 
     /// Write `markers` (void markers of versions with entries in the tail region `region`
@@ -263,21 +276,9 @@ impl Store {
             markers.len()
         );
         self.count(|counters| counters.damaged_voided += markers.len() as u64);
-        let encoded = |region_seq: u64| {
-            let mut buf = self.arena.allocate(markers.len() * BLOCK_BYTES);
-            buf.set_len(markers.len() * BLOCK_BYTES);
-            for (marker, block) in markers
-                .iter()
-                .zip(buf.as_mut_slice().chunks_mut(BLOCK_BYTES))
-            {
-                let mut marker = marker.clone();
-                marker.region_seq = region_seq;
-                marker.encode_into(block);
-            }
-            buf
-        };
         if self.marker_room(end, markers.len()) {
-            self.write_block(region, end, encoded(region_seq)).await?;
+            self.write_block(region, end, self.entry_blocks(markers, region_seq))
+                .await?;
             self.make_durable().await?;
             return Ok(end + (markers.len() * BLOCK_BYTES) as u64);
         }
@@ -291,7 +292,6 @@ impl Store {
             log.next_region_seq += 1;
             (own, own_seq)
         };
-        let after = BLOCK_BYTES as u64 + (markers.len() * BLOCK_BYTES) as u64;
         // Once the region below is durable, the tail is no longer the newest and is scanned
         // trusting headers up to a seal or a zero block: a zero block at its end stands for
         // its seal until that is written (a trusted header after the end could be a torn
@@ -302,12 +302,14 @@ impl Store {
             zeros.as_mut_slice().fill(0);
             self.write_block(region, end, zeros).await?;
         }
-        self.write_block(own, BLOCK_BYTES as u64, encoded(own_seq))
-            .await?;
-        let mut seal = self.arena.allocate(BLOCK_BYTES);
-        seal.set_len(BLOCK_BYTES);
-        EntryHeader::seal(own_seq).encode_into(seal.as_mut_slice());
-        self.write_block(own, after, seal).await?;
+        let mut own_entries = markers.to_vec();
+        own_entries.push(EntryHeader::seal(own_seq));
+        self.write_block(
+            own,
+            BLOCK_BYTES as u64,
+            self.entry_blocks(&own_entries, own_seq),
+        )
+        .await?;
         self.make_durable().await?;
         self.write_block(own, 0, self.region_header_block(own, own_seq))
             .await?;

@@ -446,7 +446,7 @@ impl Store {
             header.flags &= !crate::format::ENTRY_FLAG_DIRTY;
         }
         header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
-        self.write_placed(&place, buf).await?;
+        self.write_placed(&place, buf, None).await?;
         let mut index = self.index.borrow_mut();
         if let Some(record) = index.get_mut(key) {
             if record.seq == header.seq {

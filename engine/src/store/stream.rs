@@ -47,14 +47,21 @@ enum ChunkWrite {
         buf: crate::buf::IoBuf,
         length: usize,
     },
-    /// `whole`, the chunk's bytes in a same-host client's memory, written as a header block
-    /// (`buf`'s first), `body` (the whole blocks of `whole`, where they lie), then the rest of
-    /// `buf` (a copy of the last partial block, zeros to its end).
+    /// `whole`, the chunk's bytes in a same-host client's memory (starting aligned for direct
+    /// I/O), written as a header block (`buf`'s first), the whole blocks of `whole` where they
+    /// lie (`whole_blocks`), then the rest of `buf` (a copy of the last partial block, zeros to
+    /// its end).
     Split {
         buf: crate::buf::IoBuf,
-        body: ExternalBuf,
         whole: ExternalBuf,
     },
+}
+
+/// The whole blocks at the start of `bytes`.
+fn whole_blocks(bytes: &ExternalBuf) -> ExternalBuf {
+    bytes
+        .slice(0, bytes.len() / BLOCK_BYTES * BLOCK_BYTES)
+        .expect("within the bytes")
 }
 
 /// A put in progress; see the module's comment. Dropped before `finish`, it is abandoned.
@@ -211,10 +218,10 @@ impl PutStream {
 
     /// Write every chunk still to come from `source`, memory shared with a client on this host
     /// that holds the object's bytes from its start. A chunk whose start is aligned for direct
-    /// I/O is written straight from that memory (on devices that allow it: see
-    /// `device::allows_unstable_writes`) (the header block and the copy of a last
-    /// partial block around it, in one vectored write) and checksummed where it lies; others are
-    /// copied into an arena buffer first. A client that changes its memory during the write
+    /// I/O is checksummed where it lies and written straight from there, between its header
+    /// block and a copy of its last partial block, in one vectored write, on devices that
+    /// allow it (`device::allows_unstable_writes`); others are copied into an arena buffer
+    /// first. A client that changes its memory during the write
     /// costs itself that object: its entry may then not match its checksums, so that reads of
     /// it fail their check, and recovery voids it (never taking it for the log's torn end, which
     /// would drop other keys' acknowledged writes after it: see `ScanMode::Tail`). Returns once
@@ -243,23 +250,18 @@ impl PutStream {
             }
             let start = chunk * chunk_bytes;
             let length = self.chunk_len(chunk);
-            let body = length / BLOCK_BYTES * BLOCK_BYTES;
-            let direct = source.slice(start, body).filter(|body| {
-                self.store.writes_from_client_memory && !body.is_empty() && body.is_aligned()
-            });
-            result = match direct {
-                Some(body) => {
-                    let whole = source.slice(start, length).expect("within the source");
-                    copied += (length - body.len()) as u64;
-                    self.start_shared_chunk(whole, body).await
-                }
-                None => {
-                    copied += length as u64;
-                    self.start_chunk(|room| {
-                        source.with_bytes(start, length, |piece| room.copy_from_slice(piece))
-                    })
-                    .await
-                }
+            let whole = source.slice(start, length).expect("within the source");
+            let direct =
+                self.store.writes_from_client_memory && length >= BLOCK_BYTES && whole.is_aligned();
+            result = if direct {
+                copied += (length % BLOCK_BYTES) as u64;
+                self.start_shared_chunk(whole).await
+            } else {
+                copied += length as u64;
+                self.start_chunk(|room| {
+                    whole.with_bytes(0, length, |piece| room.copy_from_slice(piece))
+                })
+                .await
             };
             if result.is_err() {
                 break;
@@ -274,24 +276,23 @@ impl PutStream {
         Ok(())
     }
 
-    /// Place the next chunk, `whole` in a same-host client's memory, and start its write in a
-    /// task of its own: `body` (its whole blocks, aligned for direct I/O) from where it lies,
-    /// between the header block and a copy of the last partial block in one arena buffer. As
-    /// `start_chunk`, but the arena holds at most two blocks of it.
-    async fn start_shared_chunk(&mut self, whole: ExternalBuf, body: ExternalBuf) -> Result<()> {
+    /// Place the next chunk, `whole` in a same-host client's memory (starting aligned for
+    /// direct I/O), and start its write in a task of its own: its whole blocks from where they
+    /// lie, between the header block and a copy of the last partial block in one arena buffer.
+    /// As `start_chunk`, but the arena holds at most two blocks of it.
+    async fn start_shared_chunk(&mut self, whole: ExternalBuf) -> Result<()> {
         let permit = self.make_room().await?;
-        let rest = whole.len() - body.len();
+        let body = whole.len() / BLOCK_BYTES * BLOCK_BYTES;
+        let rest = whole.len() - body;
         let mut buf = self
             .store
             .arena
             .allocate(BLOCK_BYTES + crate::buf::align_up(rest));
         buf.set_len(BLOCK_BYTES + crate::buf::align_up(rest));
         let tail = &mut buf.as_mut_slice()[BLOCK_BYTES..];
-        whole.with_bytes(body.len(), rest, |piece| {
-            tail[..rest].copy_from_slice(piece)
-        });
+        whole.with_bytes(body, rest, |piece| tail[..rest].copy_from_slice(piece));
         tail[rest..].fill(0);
-        self.start_write(ChunkWrite::Split { buf, body, whole }, permit)
+        self.start_write(ChunkWrite::Split { buf, whole }, permit)
             .await
     }
 
@@ -353,10 +354,10 @@ impl PutStream {
                 buf.len(),
                 header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length]),
             ),
-            ChunkWrite::Split { buf, body, whole } => {
+            ChunkWrite::Split { buf, whole } => {
                 let mut header = whole.with_bytes(0, whole.len(), header_of);
                 header.flags |= crate::format::ENTRY_FLAG_FROM_CLIENT;
-                (buf.len() + body.len(), header)
+                (buf.len() + whole_blocks(whole).len(), header)
             }
         };
         debug_assert_eq!(header.entry_bytes(), entry_bytes as u64);
@@ -381,14 +382,11 @@ impl PutStream {
         header.seq = self.seq.expect("taken with the first place");
         self.writes.push_back(crate::rt::spawn(async move {
             let _permit = permit;
-            match write {
-                ChunkWrite::Whole { buf, .. } => store.write_placed_entry(header, buf, place).await,
-                ChunkWrite::Split { buf, body, .. } => {
-                    store
-                        .write_placed_split_entry(header, buf, body, place)
-                        .await
-                }
-            }
+            let (buf, client) = match write {
+                ChunkWrite::Whole { buf, .. } => (buf, None),
+                ChunkWrite::Split { buf, whole } => (buf, Some(whole_blocks(&whole))),
+            };
+            store.write_placed_entry(header, buf, client, place).await
         }));
         Ok(())
     }

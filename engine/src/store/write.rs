@@ -233,7 +233,7 @@ impl Store {
             }
             let mut placed = Vec::with_capacity(entries.len());
             placed.push(
-                self.write_placed_entry(entries[0].0.clone(), first, place)
+                self.write_placed_entry(entries[0].0.clone(), first, None, place)
                     .await?,
             );
             for (header, data) in &entries[1..] {
@@ -310,7 +310,7 @@ impl Store {
             // the store would have to stop.
             let buf = self.entry_buffer(&header, &[]);
             let place = self.allocate_taking_reserve(buf.len() as u64).await?;
-            let placed = self.write_placed_entry(header, buf, place).await?;
+            let placed = self.write_placed_entry(header, buf, None, place).await?;
             self.wait_earlier_writes(placed.location.region as usize, placed.offset())
                 .await;
             self.make_durable().await
@@ -393,44 +393,21 @@ impl Store {
     ) -> Result<PlacedEntry> {
         let buf = self.entry_buffer(&header, data);
         let place = self.allocate(buf.len() as u64).await?;
-        self.write_placed_entry(header, buf, place).await
+        self.write_placed_entry(header, buf, None, place).await
     }
 
-    /// Seal `header` (with its place's region_seq) into `buf` and write it where it was placed.
+    /// Seal `header` (with its place's region_seq) into `buf` and write it where it was placed
+    /// (with `client`'s bytes after its first block: see `write_placed`).
     pub(super) async fn write_placed_entry(
         &self,
         mut header: EntryHeader,
         mut buf: IoBuf,
+        client: Option<crate::buf::ExternalBuf>,
         place: space::Place,
     ) -> Result<PlacedEntry> {
         header.region_seq = place.region_seq;
         header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
-        self.write_placed(&place, buf).await?;
-        Ok(placed_entry(&header, &place))
-    }
-
-    /// `write_placed_entry` of an entry whose header block is `buf`'s first, its whole data
-    /// blocks `body` (memory outside the arena), and its last partial block the rest of `buf`.
-    pub(super) async fn write_placed_split_entry(
-        &self,
-        mut header: EntryHeader,
-        mut buf: IoBuf,
-        body: crate::buf::ExternalBuf,
-        place: space::Place,
-    ) -> Result<PlacedEntry> {
-        header.region_seq = place.region_seq;
-        header.encode_into(&mut buf.as_mut_slice()[..BLOCK_BYTES]);
-        let file = self.file_of(place.region);
-        let offset = self.places[place.region].offset + place.offset;
-        let (result, _buf) =
-            crate::rt::op::write_split_at(file, buf, BLOCK_BYTES, body, offset).await;
-        self.release_placed(&place);
-        result.map_err(|error| {
-            self.fail(
-                format!("write to region {} at {}", place.region, place.offset),
-                error,
-            )
-        })?;
+        self.write_placed(&place, buf, client).await?;
         Ok(placed_entry(&header, &place))
     }
 
@@ -443,11 +420,23 @@ impl Store {
         self.region_idle.wake_all();
     }
 
-    /// Write `buf` where `allocate` placed it, then release the region's in-flight count.
-    pub(super) async fn write_placed(&self, place: &space::Place, buf: IoBuf) -> Result<()> {
+    /// Write `buf` where `allocate` placed it, then release the region's in-flight count. With
+    /// `client` (whole blocks of a same-host client's memory), `buf`'s first block, then
+    /// `client` where it lies, then the rest of `buf`, in one write.
+    pub(super) async fn write_placed(
+        &self,
+        place: &space::Place,
+        buf: IoBuf,
+        client: Option<crate::buf::ExternalBuf>,
+    ) -> Result<()> {
         let file = self.file_of(place.region);
         let offset = self.places[place.region].offset + place.offset;
-        let (result, _buf) = write_at(file, buf, offset).await;
+        let (result, _buf) = match client {
+            None => write_at(file, buf, offset).await,
+            Some(client) => {
+                crate::rt::op::write_split_at(file, buf, BLOCK_BYTES, client, offset).await
+            }
+        };
         self.release_placed(place);
         result.map_err(|error| {
             self.fail(
