@@ -35,7 +35,10 @@ pub use hydrant_proto::local::{LocalCondition, LocalWriteAnswer as WriteInfo};
 use hydrant_proto::Status;
 
 use crate::cuda::{CudaError, CudaRuntime};
+
+mod ring;
 use crate::{ClientError, Result};
+pub use ring::{LocalRing, RingDone};
 
 /// How long a request may wait for its answer.
 const LOCAL_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -181,9 +184,9 @@ impl LocalClient {
 
     /// A region of `bytes` shared with the server (at most 16 GiB per connection in all).
     pub fn allocate(&mut self, bytes: u64) -> Result<Region> {
-        let (_, body, fd) = self.call(LocalOpcode::Allocate, &bytes.to_le_bytes())?;
+        let (_, body, fds) = self.call(LocalOpcode::Allocate, &bytes.to_le_bytes())?;
         let info = LocalRegionInfo::decode(&body)?;
-        let memfd = fd.ok_or_else(|| {
+        let memfd = fds.into_iter().next().ok_or_else(|| {
             ClientError::Io(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the server's ALLOCATE answer came without a file descriptor",
@@ -406,6 +409,46 @@ impl LocalClient {
         };
     }
 
+    /// A read ring of `entries` (a power of two, at most 1024) over `region`, served by
+    /// `shard` (or one the server chooses): many reads in flight on this connection, each
+    /// landing in the region (see `LocalRing`).
+    pub fn open_ring(
+        &mut self,
+        region: &Region,
+        entries: u32,
+        shard: Option<u32>,
+    ) -> Result<LocalRing> {
+        use hydrant_proto::local_ring::{RingInfo, RingOpen, LOCAL_RING_ANY_SHARD};
+        if region.connection != self.connection {
+            return Err(ClientError::Usage(
+                "this region belongs to another connection".into(),
+            ));
+        }
+        let open = RingOpen {
+            region: region.id,
+            entries,
+            shard: shard.unwrap_or(LOCAL_RING_ANY_SHARD),
+        };
+        let (_, body, fds) = self.call(LocalOpcode::RingOpen, &open.encode())?;
+        let info = RingInfo::decode(&body)?;
+        let [memfd, submit, complete]: [OwnedFd; 3] = fds.try_into().map_err(|_| {
+            ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the server's RING_OPEN answer came without its three file descriptors",
+            ))
+        })?;
+        LocalRing::new(
+            memfd,
+            submit,
+            complete,
+            self.stream.try_clone()?,
+            info,
+            region.id,
+            region.len() as u64,
+            self.connection,
+        )
+    }
+
     /// Give the server's side of a region back before the connection closes.
     pub fn free(&mut self, region: Region) -> Result<()> {
         self.release(&region)
@@ -429,13 +472,13 @@ impl LocalClient {
         &mut self,
         opcode: LocalOpcode,
         body: &[u8],
-    ) -> Result<(LocalHeader, Vec<u8>, Option<OwnedFd>)> {
+    ) -> Result<(LocalHeader, Vec<u8>, Vec<OwnedFd>)> {
         let request_id = self.next_request;
         self.next_request += 1;
         self.stream
             .write_all(&local_message(opcode, 0, request_id, body))?;
         let mut header_bytes = [0u8; LOCAL_HEADER_BYTES];
-        let fd = receive_with_fd(&self.stream, &mut header_bytes)?;
+        let fds = receive_with_fds(&self.stream, &mut header_bytes)?;
         let header = LocalHeader::decode(&header_bytes)?;
         let mut answer = vec![0u8; header.body_len as usize];
         self.stream.read_exact(&mut answer)?;
@@ -451,16 +494,17 @@ impl LocalClient {
                 message: String::from_utf8_lossy(&answer).into_owned(),
             });
         }
-        Ok((header, answer, fd))
+        Ok((header, answer, fds))
     }
 }
 
-/// Fill `buffer` from the socket with recvmsg, keeping a file descriptor passed with the bytes.
-fn receive_with_fd(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+/// Fill `buffer` from the socket with recvmsg, keeping the file descriptors passed with the
+/// bytes (at most 4).
+fn receive_with_fds(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
     let mut received = 0;
-    let mut fd = None;
+    let mut fds = Vec::new();
     while received < buffer.len() {
-        let mut control = nix::cmsg_space!(RawFd);
+        let mut control = nix::cmsg_space!([RawFd; 4]);
         let mut iov = [io::IoSliceMut::new(&mut buffer[received..])];
         let message = match socket::recvmsg::<()>(
             stream.as_raw_fd(),
@@ -483,12 +527,12 @@ fn receive_with_fd(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Option<
             if let socket::ControlMessageOwned::ScmRights(passed) = control {
                 for passed in passed {
                     // SAFETY: the kernel installed this descriptor in our table for us alone.
-                    fd = Some(unsafe { OwnedFd::from_raw_fd(passed) });
+                    fds.push(unsafe { OwnedFd::from_raw_fd(passed) });
                 }
             }
         }
     }
-    Ok(fd)
+    Ok(fds)
 }
 
 /// A ring of `slots` regions, each on a connection and thread of its own, so that the read of

@@ -13,6 +13,7 @@ mod error;
 mod frame;
 mod limits;
 pub mod local;
+pub mod local_ring;
 pub mod message;
 pub mod name;
 mod opcode;

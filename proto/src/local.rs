@@ -44,6 +44,9 @@ pub enum LocalOpcode {
     Write = 4,
     /// Body: `LocalWriteMemory`. Answer: `LocalWriteAnswer`.
     WriteMemory = 5,
+    /// Body: `local_ring::RingOpen`. Answer: `local_ring::RingInfo`, and the ring file and
+    /// its two doorbells (SCM_RIGHTS).
+    RingOpen = 6,
 }
 
 impl LocalOpcode {
@@ -54,6 +57,7 @@ impl LocalOpcode {
             3 => Ok(LocalOpcode::Free),
             4 => Ok(LocalOpcode::Write),
             5 => Ok(LocalOpcode::WriteMemory),
+            6 => Ok(LocalOpcode::RingOpen),
             other => Err(ProtoError::UnknownOpcode(other)),
         }
     }

@@ -36,6 +36,10 @@ use hydrant_proto::local::{
     LOCAL_HEADER_BYTES, LOCAL_RANGE_TO_END, LOCAL_REGIONS_PER_CONNECTION_MAX,
     LOCAL_REGION_BYTES_MAX, LOCAL_REGION_FLAG_HUGE_PAGES,
 };
+use hydrant_proto::local_ring::{
+    RingInfo, RingOpen, LOCAL_RINGS_PER_CONNECTION_MAX, LOCAL_RING_ANY_SHARD,
+    LOCAL_RING_ENTRIES_MAX,
+};
 use hydrant_proto::Status;
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
@@ -45,6 +49,7 @@ use nix::sys::socket::{self, Shutdown};
 use crate::connection::requests::engine_failure;
 
 mod process_memory;
+mod ring;
 use crate::metrics::{
     self, LOCAL_CONNECTIONS, LOCAL_REGIONS, LOCAL_REGIONS_REGISTERED, LOCAL_REGION_BYTES,
 };
@@ -174,6 +179,8 @@ fn accept_loop(
                     engine,
                     regions: HashMap::new(),
                     next_region: 0,
+                    rings: HashMap::new(),
+                    next_ring: 0,
                     writer: Writer::open(&stream).map_err(|error| error.to_string()),
                 };
                 if let Err(error) = connection.serve(&stream) {
@@ -355,12 +362,18 @@ struct LocalConnection {
     engine: EngineHandle,
     regions: HashMap<u32, Arc<Region>>,
     next_region: u32,
+    /// Read rings, each bound to a region of this connection.
+    rings: HashMap<u32, ring::RingHandle>,
+    next_ring: u32,
     /// The client's process, for WRITE_MEMORY (or why it could not be held).
     writer: Result<Writer, String>,
 }
 
 impl LocalConnection {
     fn release_all(&mut self) {
+        for (_, ring) in std::mem::take(&mut self.rings) {
+            ring.close();
+        }
         for (_, region) in std::mem::take(&mut self.regions) {
             self.release(region);
         }
@@ -425,6 +438,7 @@ impl LocalConnection {
                     let message = local_message(opcode, status as u8, header.request_id, &answer);
                     (&*stream).write_all(&message)?;
                 }
+                LocalOpcode::RingOpen => self.open_ring(stream, header.request_id, &body)?,
                 LocalOpcode::Free => {
                     let (status, answer) = self.free(&body);
                     let message =
@@ -502,7 +516,91 @@ impl LocalConnection {
             request_id,
             &info.encode(),
         );
-        send_with_fd(stream, &message, memfd)
+        send_with_fds(stream, &message, &[memfd])
+    }
+
+    /// RING_OPEN: a read ring over one of this connection's regions, served by a shard.
+    fn open_ring(&mut self, stream: &UnixStream, request_id: u64, body: &[u8]) -> io::Result<()> {
+        let refuse = |status: Status, message: String| {
+            let answer = local_message(
+                LocalOpcode::RingOpen,
+                status as u8,
+                request_id,
+                message.as_bytes(),
+            );
+            (&*stream).write_all(&answer)
+        };
+        let open = match RingOpen::decode(body) {
+            Ok(open) => open,
+            Err(error) => return refuse(Status::for_error(&error), error.to_string()),
+        };
+        let Some(region) = self.regions.get(&open.region) else {
+            return refuse(
+                Status::NotFound,
+                format!("no region {} on this connection", open.region),
+            );
+        };
+        if !open.entries.is_power_of_two() || open.entries > LOCAL_RING_ENTRIES_MAX {
+            return refuse(
+                Status::BadRequest,
+                format!(
+                    "a ring has a power of two of entries, at most {LOCAL_RING_ENTRIES_MAX}; {} asked",
+                    open.entries
+                ),
+            );
+        }
+        if self.rings.len() as u32 >= LOCAL_RINGS_PER_CONNECTION_MAX {
+            return refuse(
+                Status::TooLarge,
+                format!("a connection holds at most {LOCAL_RINGS_PER_CONNECTION_MAX} rings"),
+            );
+        }
+        let shards = self.engine.shard_count() as u32;
+        let shard = match open.shard {
+            LOCAL_RING_ANY_SHARD => self.next_ring % shards,
+            shard if shard < shards => shard,
+            shard => {
+                return refuse(
+                    Status::BadRequest,
+                    format!("shard {shard} of a server of {shards}"),
+                )
+            }
+        };
+        let shared = match ring::RingShared::create(open.entries) {
+            Ok(shared) => Arc::new(shared),
+            Err(error) => {
+                return refuse(Status::Internal, format!("cannot create a ring: {error}"))
+            }
+        };
+        let handle = match ring::start(
+            &self.engine,
+            shard as usize,
+            shared.clone(),
+            open.region,
+            Self::external(region),
+        ) {
+            Ok(handle) => handle,
+            Err(error) => {
+                let (status, message) = engine_failure(error);
+                return refuse(status, message);
+            }
+        };
+        self.next_ring += 1;
+        let info = RingInfo {
+            ring: self.next_ring,
+            entries: open.entries,
+            shard,
+            shards,
+            placement_hash: hydrant_engine::format::PLACEMENT_CRC32C,
+        };
+        self.rings.insert(info.ring, handle);
+        let message = local_message(
+            LocalOpcode::RingOpen,
+            Status::Ok as u8,
+            request_id,
+            &info.encode(),
+        );
+        send_with_fds(stream, &message, &shared.client_fds())
     }
 
     fn free(&mut self, body: &[u8]) -> (Status, String) {
@@ -510,8 +608,18 @@ impl LocalConnection {
             return (Status::BadRequest, "FREE carries a u32".into());
         };
         match self.regions.remove(&region) {
-            Some(region) => {
-                self.release(region);
+            Some(freed) => {
+                // Its rings first: they stop, and their reads end, before the region goes.
+                let rings: Vec<u32> = self
+                    .rings
+                    .iter()
+                    .filter(|(_, ring)| ring.region == region)
+                    .map(|(&id, _)| id)
+                    .collect();
+                for id in rings {
+                    self.rings.remove(&id).expect("listed above").close();
+                }
+                self.release(freed);
                 (Status::Ok, String::new())
             }
             None => (Status::NotFound, format!("no region {region}")),
@@ -899,12 +1007,12 @@ async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
     }
 }
 
-/// Send `message` with `fd` attached (SCM_RIGHTS) to its first byte.
-fn send_with_fd(stream: &UnixStream, message: &[u8], fd: RawFd) -> io::Result<()> {
+/// Send `message` with `fds` attached (SCM_RIGHTS) to its first byte.
+fn send_with_fds(stream: &UnixStream, message: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let sent = socket::sendmsg::<()>(
         stream.as_raw_fd(),
         &[io::IoSlice::new(message)],
-        &[socket::ControlMessage::ScmRights(&[fd])],
+        &[socket::ControlMessage::ScmRights(fds)],
         socket::MsgFlags::MSG_NOSIGNAL,
         None,
     )?;

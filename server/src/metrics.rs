@@ -58,6 +58,9 @@ pub static LOCAL_REGIONS: AtomicU64 = AtomicU64::new(0);
 pub static LOCAL_REGION_BYTES: AtomicU64 = AtomicU64::new(0);
 /// Same-host regions registered with every shard's ring (read with READ_FIXED).
 pub static LOCAL_REGIONS_REGISTERED: AtomicU64 = AtomicU64::new(0);
+/// Same-host read rings open now, and the reads they have taken and not yet completed.
+pub static LOCAL_RINGS: AtomicU64 = AtomicU64::new(0);
+pub static LOCAL_RING_READS_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
 /// Same-host connections open now.
 pub static LOCAL_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 /// Object bytes same-host clients wrote from their own memory (WRITE_MEMORY), read with
@@ -567,6 +570,16 @@ fn encode_local(encoder: &mut DescriptorEncoder) -> fmt::Result {
             "hydrant_local_regions_registered",
             "Same-host regions registered with every shard's ring (read with READ_FIXED).",
             &LOCAL_REGIONS_REGISTERED,
+        ),
+        (
+            "hydrant_local_rings",
+            "Same-host read rings open now.",
+            &LOCAL_RINGS,
+        ),
+        (
+            "hydrant_local_ring_reads_in_flight",
+            "Reads the same-host rings have taken and not yet completed.",
+            &LOCAL_RING_READS_IN_FLIGHT,
         ),
         (
             "hydrant_local_connections",

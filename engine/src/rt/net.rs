@@ -130,6 +130,15 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     result.map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Wait until `fd` is readable (an eventfd whose count is not zero, a socket with bytes or
+/// a hang-up): one POLL_ADD on the shard's ring, not counted as device I/O. The caller reads
+/// the fd itself.
+pub async fn readable(fd: RawFd) -> io::Result<()> {
+    let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
+    let (result, _) = submit_socket(entry, Keep::Nothing).await;
+    result.map(|_| ())
+}
+
 /// Receive into `buf` after its current length, up to its capacity. Ok(0) means the peer
 /// closed the connection. With `expect_wait` (nothing is expected to be there yet: a server
 /// that has just answered waits for the next request) the ring waits for the socket to be
