@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hydrant_client::local::LocalClient;
+use hydrant_client::local::{wait_rings, LocalClient, LocalGet};
 use hydrant_client::Client;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::{EngineConfig, FormatPolicy};
@@ -25,9 +25,13 @@ pub struct LocalArgs {
     objects: usize,
     #[arg(long, default_value_t = 1 << 20)]
     object_bytes: usize,
-    /// Readers at once (threads, one connection each; fio's queue depth).
+    /// Readers at once (threads, one connection each).
     #[arg(long, default_value_t = 1)]
     streams: usize,
+    /// Reads in flight per stream through the same-host rings; fio reads at a depth of
+    /// streams × depth. The one-at-a-time same-host reads and TCP keep one per stream.
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
     #[arg(long, default_value_t = 5)]
     seconds: u64,
     #[arg(long, default_value_t = 3)]
@@ -83,23 +87,34 @@ struct Figure {
     cpu_seconds_per_gib: f64,
 }
 
+/// `streams` threads reading one at a time, each `read(round)` returning the bytes it read.
 fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> Figure {
+    measure_streams(streams, seconds, |stream, deadline| {
+        let mut bytes = 0;
+        let mut round = stream;
+        while Instant::now() < deadline {
+            bytes += read(round);
+            round += streams;
+        }
+        bytes
+    })
+}
+
+/// `streams` threads each running `work(stream, deadline)`, which returns the bytes it read:
+/// GiB/s of all together, and CPU seconds of this process (server and clients) per GiB.
+fn measure_streams(
+    streams: usize,
+    seconds: u64,
+    work: impl Fn(usize, Instant) -> u64 + Sync,
+) -> Figure {
     let cpu_before = cpu_seconds(UsageWho::RUSAGE_SELF);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(seconds);
     let bytes: u64 = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..streams)
             .map(|stream| {
-                let read = &read;
-                scope.spawn(move || {
-                    let mut bytes = 0;
-                    let mut round = stream;
-                    while Instant::now() < deadline {
-                        bytes += read(round);
-                        round += streams;
-                    }
-                    bytes
-                })
+                let work = &work;
+                scope.spawn(move || work(stream, deadline))
             })
             .collect();
         workers
@@ -113,6 +128,68 @@ fn measure(streams: usize, seconds: u64, read: impl Fn(usize) -> u64 + Sync) -> 
     Figure {
         gib_per_second: gib / elapsed,
         cpu_seconds_per_gib: cpu / gib,
+    }
+}
+
+/// One stream's reads through same-host rings until `deadline`: a connection, a region of
+/// `depth` slots of `object_bytes`, a ring on every shard, each key submitted to its owner's
+/// ring, `depth` reads in flight. Every read's length is checked.
+fn ring_stream(
+    socket: &std::path::Path,
+    stream: usize,
+    streams: usize,
+    depth: usize,
+    objects: usize,
+    object_bytes: usize,
+    deadline: Instant,
+) -> Result<u64, String> {
+    let error = |error: hydrant_client::ClientError| error.to_string();
+    let mut client = LocalClient::connect(socket).map_err(error)?;
+    let slot_bytes = (object_bytes as u64).div_ceil(4096) * 4096;
+    let region = client.allocate(slot_bytes * depth as u64).map_err(error)?;
+    let entries = (depth as u32).next_power_of_two();
+    let first = client.open_ring(&region, entries, Some(0)).map_err(error)?;
+    let mut rings = vec![first];
+    for shard in 1..rings[0].shards() {
+        rings.push(
+            client
+                .open_ring(&region, entries, Some(shard))
+                .map_err(error)?,
+        );
+    }
+    let mut free: Vec<u64> = (0..depth as u64).collect();
+    let mut next = stream;
+    let mut bytes = 0u64;
+    let mut done = Vec::with_capacity(depth);
+    loop {
+        if Instant::now() < deadline {
+            while let Some(slot) = free.pop() {
+                let key = format!("o{}", next % objects);
+                next += streams;
+                let shard = rings[0].shard_for("bench", &key) as usize;
+                let get = LocalGet {
+                    offset: slot * slot_bytes,
+                    length: slot_bytes,
+                    bucket: "bench".into(),
+                    key,
+                    range: None,
+                };
+                rings[shard].push(&get, slot).map_err(error)?;
+            }
+        }
+        if rings.iter().all(|ring| ring.in_flight() == 0) {
+            return Ok(bytes);
+        }
+        done.clear();
+        wait_rings(&mut rings, 1, &mut done, Some(Duration::from_secs(30))).map_err(error)?;
+        for completion in done.drain(..) {
+            let info = completion.result.map_err(error)?;
+            if info.written != object_bytes as u64 {
+                return Err(format!("a ring read wrote {} bytes", info.written));
+            }
+            bytes += info.written;
+            free.push(completion.user_data);
+        }
     }
 }
 
@@ -254,7 +331,15 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
     let _ = std::fs::remove_file(&path);
     // Room for the keys written over and over, their overwritten versions and reclaim.
     let data_bytes = (2u64 << 30).max(args.object_bytes as u64 * 8);
-    let mut engine = EngineConfig::new(vec![DeviceConfig::create(&path, data_bytes)]);
+    let device = if args.write {
+        DeviceConfig::create(&path, data_bytes)
+    } else {
+        // Written through, so that fio's reads of it touch the device and not unwritten extents
+        // (which read as zeros without any I/O).
+        crate::fio::fill(&path, data_bytes)?;
+        DeviceConfig::new(&path)
+    };
+    let mut engine = EngineConfig::new(vec![device]);
     engine.shards = Some(2);
     engine.format = FormatPolicy::Always;
     engine.dram_bytes = args.dram_bytes;
@@ -282,11 +367,34 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
     let object_bytes = args.object_bytes;
 
     println!(
-        "| round | same-host GiB/s | CPU s/GiB | copies/byte | TCP loopback GiB/s | CPU s/GiB | copies/byte | fio GiB/s | fio CPU s/GiB |  ({} objects of {} bytes, {} streams, DRAM tier {} bytes)",
-        objects, object_bytes, args.streams, args.dram_bytes
+        "| round | same-host rings GiB/s | CPU s/GiB | copies/byte | same-host one at a time GiB/s | CPU s/GiB | copies/byte | TCP loopback GiB/s | CPU s/GiB | copies/byte | fio GiB/s | fio CPU s/GiB |  ({} objects of {} bytes, {} streams, rings {} deep each, fio at depth {}, DRAM tier {} bytes)",
+        objects, object_bytes, args.streams, args.depth, args.streams * args.depth, args.dram_bytes
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let depth = args.depth.max(1);
     for round in 1..=args.rounds {
+        // Same-host rings: `depth` reads in flight per stream.
+        let ring_before = copy_counters(&mut loader, "local")?;
+        let failure = std::sync::Mutex::new(None);
+        let rings = measure_streams(args.streams, args.seconds, |stream, deadline| {
+            ring_stream(
+                &socket,
+                stream,
+                args.streams,
+                depth,
+                objects,
+                object_bytes,
+                deadline,
+            )
+            .unwrap_or_else(|error| {
+                *failure.lock().unwrap() = Some(error);
+                0
+            })
+        });
+        if let Some(error) = failure.into_inner().unwrap() {
+            return Err(format!("same-host rings: {error}"));
+        }
+        let ring_copies = copies_per_byte(ring_before, copy_counters(&mut loader, "local")?);
         // Same-host: one connection and region per stream.
         let locals: Vec<_> = (0..args.streams)
             .map(|_| {
@@ -324,14 +432,14 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
         });
         drop(tcps);
         let tcp_copies = copies_per_byte(tcp_before, copy_counters(&mut loader, "tcp")?);
-        // fio: the same file, random 1 MiB direct reads at the same depth.
+        // fio: the same file, random direct reads of the same size at the rings' total depth.
         let children_before = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
         let fio = crate::fio::run(
             &path,
             "local-bench",
             "randread",
             &format!("{}", object_bytes),
-            args.streams as u32,
+            (args.streams * depth) as u32,
             args.seconds,
             None,
         )?;
@@ -339,7 +447,9 @@ pub fn local(args: LocalArgs) -> Result<(), String> {
         let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
         let fio_cpu_per_gib = fio_cpu / (fio_gib * args.seconds as f64);
         println!(
-            "| {round} | {:.2} | {:.3} | {local_copies:.2} | {:.2} | {:.3} | {tcp_copies:.2} | {:.2} | {:.3} |",
+            "| {round} | {:.2} | {:.3} | {ring_copies:.2} | {:.2} | {:.3} | {local_copies:.2} | {:.2} | {:.3} | {tcp_copies:.2} | {:.2} | {:.3} |",
+            rings.gib_per_second,
+            rings.cpu_seconds_per_gib,
             local.gib_per_second,
             local.cpu_seconds_per_gib,
             tcp.gib_per_second,

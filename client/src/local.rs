@@ -38,7 +38,7 @@ use crate::cuda::{CudaError, CudaRuntime};
 
 mod ring;
 use crate::{ClientError, Result};
-pub use ring::{LocalRing, RingDone};
+pub use ring::{wait_rings, LocalRing, RingDone};
 
 /// How long a request may wait for its answer.
 const LOCAL_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);

@@ -8,7 +8,9 @@
 //! docs/protocol.md.
 //!
 //! Each connection is served by a thread of its own (at most `LOCAL_CONNECTIONS_MAX`), one
-//! request at a time; a READ's items run concurrently on their shards. The thread blocks only
+//! request at a time; a READ's items run concurrently on their shards. RING_OPEN gives the
+//! client a read ring in shared memory served straight by a shard (`ring`): many reads in
+//! flight, none of them through this thread. The thread blocks only
 //! on its socket and on the shards' answers. Peers are checked with SO_PEERCRED: only the
 //! server's own uid, or root. There is no token on this path: the socket file is made 0600 and
 //! the kernel tells who is connecting.
@@ -652,7 +654,8 @@ impl LocalConnection {
         };
         match region.slot {
             // SAFETY: the region is registered at `slot` on every ring until `release`, which
-            // runs only after this connection's request in flight has ended.
+            // runs only after this connection's request in flight has ended and its rings over
+            // the region have closed (each waits for its reads).
             Some(slot) => unsafe { whole.with_fixed_slot(slot) },
             None => whole,
         }

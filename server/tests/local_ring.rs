@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{eventually, object_bytes, Scratch, ServerProcess};
-use hydrant_client::local::{LocalClient, LocalGet, LocalRing, RingDone};
+use hydrant_client::local::{wait_rings, LocalClient, LocalGet, LocalRing, RingDone};
 use hydrant_client::ClientError;
 use hydrant_proto::local_ring::{RingSubmission, LOCAL_RING_SQE_BYTES};
 use hydrant_proto::Status;
@@ -110,16 +110,9 @@ fn many_reads_in_flight_land_byte_exact_on_every_shard() {
             key_of_slot.insert(slot, key.clone());
             next += 1;
         }
-        for ring in &mut rings {
-            ring.submit();
-            deepest = deepest.max(ring.in_flight());
-        }
+        deepest = deepest.max(rings.iter().map(LocalRing::in_flight).sum());
         done.clear();
-        for ring in &mut rings {
-            if ring.in_flight() > 0 {
-                ring.wait(1, &mut done, WAIT).unwrap();
-            }
-        }
+        wait_rings(&mut rings, 1, &mut done, WAIT).unwrap();
         for completion in &done {
             let slot = completion.user_data;
             let key = key_of_slot.remove(&slot).unwrap();

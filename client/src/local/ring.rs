@@ -279,76 +279,19 @@ impl LocalRing {
         done: &mut Vec<RingDone>,
         timeout: Option<Duration>,
     ) -> Result<usize> {
-        self.submit();
-        let min = min.min(self.in_flight() as usize);
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        let mut taken = self.completions(done);
-        while taken < min {
-            // Say we may sleep, then look once more: a completion written in between is seen
-            // here, or the server sees the flag and rings.
-            self.counter(RING_CLIENT_WAITING).store(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if self.counter(RING_CQ_TAIL).load(Ordering::Acquire) != self.consumed {
-                self.counter(RING_CLIENT_WAITING).store(0, Ordering::SeqCst);
-                taken += self.completions(done);
-                continue;
-            }
-            let wait_ms = match deadline {
-                None => -1,
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(ClientError::Io(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("{} of {min} completions came in time", taken),
-                        )));
-                    }
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32
-                }
-            };
-            self.sleep(wait_ms)?;
-            taken += self.completions(done);
-        }
-        Ok(taken)
+        wait_rings(std::slice::from_mut(self), min, done, timeout)
     }
 
-    /// Sleep until the completion doorbell rings, the connection hangs up, or `wait_ms` pass.
-    fn sleep(&self, wait_ms: i32) -> Result<()> {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.complete.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.socket.as_raw_fd(),
-                events: libc::POLLRDHUP,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two live pollfds.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, wait_ms) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                return Ok(());
-            }
-            return Err(error.into());
+    /// Say the client may sleep, then look once more: true if a completion came in between
+    /// (the flag is then taken back), else the server sees the flag and rings.
+    fn arm_doorbell(&self) -> bool {
+        self.counter(RING_CLIENT_WAITING).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.counter(RING_CQ_TAIL).load(Ordering::Acquire) != self.consumed {
+            self.counter(RING_CLIENT_WAITING).store(0, Ordering::SeqCst);
+            return true;
         }
-        if fds[0].revents & libc::POLLIN != 0 {
-            let mut count = [0u8; 8];
-            // SAFETY: at most 8 bytes into a live array; the eventfd is non-blocking.
-            unsafe { libc::read(self.complete.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
-        }
-        if fds[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
-            && self.counter(RING_CQ_TAIL).load(Ordering::Acquire) == self.consumed
-        {
-            return Err(ClientError::Io(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the server closed the connection with reads in flight on its ring",
-            )));
-        }
-        Ok(())
+        false
     }
 
     fn wake_server(&self) {
@@ -365,4 +308,98 @@ impl LocalRing {
         // changes them concurrently, which atomics allow.
         unsafe { &*(self.mapping.as_ptr().add(offset) as *const AtomicU32) }
     }
+}
+
+/// Submit what was pushed on each of `rings` (say, one per shard of a server, over one region),
+/// then wait until at least `min` completions from any of them (no more than are in flight in
+/// all) have been appended to `done`, or `timeout` passes (an error then; those that came are in
+/// `done`). An error too if the server goes away meanwhile.
+pub fn wait_rings(
+    rings: &mut [LocalRing],
+    min: usize,
+    done: &mut Vec<RingDone>,
+    timeout: Option<Duration>,
+) -> Result<usize> {
+    for ring in rings.iter_mut() {
+        ring.submit();
+    }
+    let in_flight: usize = rings.iter().map(|ring| ring.in_flight() as usize).sum();
+    let min = min.min(in_flight);
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    let harvest = |rings: &mut [LocalRing], done: &mut Vec<RingDone>| -> usize {
+        rings.iter_mut().map(|ring| ring.completions(done)).sum()
+    };
+    let mut taken = harvest(rings, done);
+    while taken < min {
+        if rings
+            .iter()
+            .any(|ring| ring.in_flight() > 0 && ring.arm_doorbell())
+        {
+            taken += harvest(rings, done);
+            continue;
+        }
+        let wait_ms = match deadline {
+            None => -1,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ClientError::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("{taken} of {min} completions came in time"),
+                    )));
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as i32
+            }
+        };
+        sleep(rings, wait_ms)?;
+        taken += harvest(rings, done);
+    }
+    Ok(taken)
+}
+
+/// Sleep until a completion doorbell of `rings` rings, a connection hangs up, or `wait_ms`
+/// pass.
+fn sleep(rings: &[LocalRing], wait_ms: i32) -> Result<()> {
+    let mut fds: Vec<libc::pollfd> = rings
+        .iter()
+        .flat_map(|ring| {
+            [
+                libc::pollfd {
+                    fd: ring.complete.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: ring.socket.as_raw_fd(),
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                },
+            ]
+        })
+        .collect();
+    // SAFETY: a live array of fds.len() pollfds.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::Interrupted {
+            return Ok(());
+        }
+        return Err(error.into());
+    }
+    for (ring, pair) in rings.iter().zip(fds.chunks_exact(2)) {
+        if pair[0].revents & libc::POLLIN != 0 {
+            let mut count = [0u8; 8];
+            // SAFETY: at most 8 bytes into a live array; the eventfd is non-blocking.
+            unsafe { libc::read(ring.complete.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+        }
+        if pair[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+            && ring.counter(RING_CQ_TAIL).load(Ordering::Acquire) == ring.consumed
+        {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the server closed the connection with reads in flight on its ring",
+            )));
+        }
+    }
+    Ok(())
 }
