@@ -12,7 +12,8 @@
 //!    128     4  cq_tail         the server's: completions written
 //!    192     4  cq_head         the client's: completions consumed
 //!    256     4  server_idle     1 while the shard may sleep: ring the submit doorbell
-//!    320     4  client_waiting  1 while the client may sleep: the server rings the completion doorbell
+//!    320     4  client_waiting  0, or while the client may sleep the completions it waits for:
+//!                               the server rings the completion doorbell once that many are unconsumed
 //!   4096        entries × LOCAL_RING_SQE_BYTES submission entries, then
 //!               entries × LOCAL_RING_CQE_BYTES completion entries
 //! ```

@@ -366,3 +366,66 @@ fn a_client_killed_with_reads_in_flight_frees_its_ring() {
     let written = done[0].result.as_ref().unwrap().written as usize;
     assert_eq!(&region.as_slice()[..written], &objects["object-003"][..]);
 }
+
+#[test]
+fn a_slow_read_in_flight_does_not_hold_up_entries_submitted_after_it() {
+    // A bucket read through from an origin behind a proxy that takes 1.5 s per request.
+    let s3 = common::Store::start();
+    s3.create_bucket("ring-slow");
+    let cold = object_bytes(9, 100_000);
+    s3.put("ring-slow", "cold", &cold);
+    let mut config = hydrant_fault_proxy::Config::new(s3.address());
+    config.settings.delay = hydrant_fault_proxy::DelayRange::NONE;
+    let proxy = hydrant_fault_proxy::start(config).unwrap();
+    let scratch = Scratch::new("ring-slow");
+    let bucket = format!("slow={}", s3.url("ring-slow"));
+    let server = ServerProcess::start_shards(
+        scratch.path(),
+        1,
+        768,
+        &[
+            "--origin",
+            "none",
+            "--local-socket",
+            socket_of(&scratch).to_str().unwrap(),
+            "--bucket",
+            &bucket,
+        ],
+        &s3.env_via(&proxy.addr().to_string()),
+    );
+    let objects = store_objects(&server, 2);
+    proxy
+        .set_config(hydrant_fault_proxy::ConfigUpdate::from_query("delay_ms=1500-1500").unwrap())
+        .unwrap();
+    let mut client = LocalClient::connect(socket_of(&scratch)).unwrap();
+    let region = client.allocate(2 * SLOT_BYTES).unwrap();
+    let mut ring = client.open_ring(&region, 4, None).unwrap();
+    let mut slow = get(0, "cold");
+    slow.bucket = "slow".into();
+    ring.push(&slow, 1).unwrap();
+    ring.submit();
+    eventually("the slow read in flight", || {
+        server.metric("hydrant_local_ring_reads_in_flight") == 1
+    });
+    // Submitted while the only read in flight waits on the origin: taken and answered first.
+    ring.push(&get(1, "object-000"), 2).unwrap();
+    let mut done = Vec::new();
+    ring.wait(1, &mut done, WAIT).unwrap();
+    assert_eq!(done[0].user_data, 2, "the fast read is answered first");
+    assert_eq!(
+        server.metric("hydrant_local_ring_reads_in_flight"),
+        1,
+        "while the slow one is still in flight"
+    );
+    let written = done[0].result.as_ref().unwrap().written as usize;
+    let start = SLOT_BYTES as usize;
+    assert_eq!(
+        &region.as_slice()[start..start + written],
+        &objects["object-000"][..]
+    );
+    done.clear();
+    ring.wait(1, &mut done, WAIT).unwrap();
+    assert_eq!(done[0].user_data, 1);
+    let written = done[0].result.as_ref().unwrap().written as usize;
+    assert_eq!(&region.as_slice()[..written], &cold[..]);
+}

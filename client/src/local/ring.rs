@@ -282,10 +282,12 @@ impl LocalRing {
         wait_rings(std::slice::from_mut(self), min, done, timeout)
     }
 
-    /// Say the client may sleep, then look once more: true if a completion came in between
-    /// (the flag is then taken back), else the server sees the flag and rings.
-    fn arm_doorbell(&self) -> bool {
-        self.counter(RING_CLIENT_WAITING).store(1, Ordering::SeqCst);
+    /// Say the client may sleep until `wanted` completions are unconsumed, then look once
+    /// more: true if a completion came in between (the request is then taken back), else the
+    /// server sees it and rings once that many are there.
+    fn arm_doorbell(&self, wanted: u32) -> bool {
+        self.counter(RING_CLIENT_WAITING)
+            .store(wanted.max(1), Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.counter(RING_CQ_TAIL).load(Ordering::Acquire) != self.consumed {
             self.counter(RING_CLIENT_WAITING).store(0, Ordering::SeqCst);
@@ -331,9 +333,12 @@ pub fn wait_rings(
     };
     let mut taken = harvest(rings, done);
     while taken < min {
+        // Each ring is asked to wake this thread once it alone has what is still needed, or
+        // all it has in flight (so that rings with a few reads each still end the wait).
+        let needed = (min - taken) as u32;
         if rings
             .iter()
-            .any(|ring| ring.in_flight() > 0 && ring.arm_doorbell())
+            .any(|ring| ring.in_flight() > 0 && ring.arm_doorbell(needed.min(ring.in_flight())))
         {
             taken += harvest(rings, done);
             continue;
