@@ -18,9 +18,9 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use memmap2::{MmapMut, MmapOptions};
@@ -535,8 +535,10 @@ fn receive_with_fds(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Vec<Ow
     Ok(fds)
 }
 
-/// A ring of `slots` regions, each on a connection and thread of its own, so that the read of
-/// the next object proceeds while the caller works on the previous one:
+/// `slots` reads in flight into one region of `slots` slots on one connection, through the
+/// server's same-host read rings (one per shard, each key on its owner's), so that the next
+/// objects are read while the caller works on the previous one; completions are taken in the
+/// order the reads were submitted:
 ///
 /// ```no_run
 /// # fn main() -> hydrant_client::Result<()> {
@@ -556,17 +558,20 @@ fn receive_with_fds(stream: &UnixStream, buffer: &mut [u8]) -> io::Result<Vec<Ow
 /// # Ok(()) }
 /// ```
 pub struct ReadRing {
-    slots: Vec<Slot>,
+    rings: Vec<LocalRing>,
+    region: Region,
+    /// The connection the rings and the region belong to (it closes when the ring is dropped).
+    _client: LocalClient,
+    slot_bytes: u64,
+    /// Slot `i` starts at `i * stride` in the region (a whole number of 4 KiB blocks, so that
+    /// reads land by the device's DMA).
+    stride: u64,
+    busy: Vec<bool>,
+    /// Results that came before the caller asked for them, by slot.
+    results: Vec<Option<Result<ReadInfo>>>,
     /// Slots in submission order that have a read in flight or a result not yet taken.
     order: std::collections::VecDeque<usize>,
-}
-
-struct Slot {
-    region: Region,
-    jobs: Option<mpsc::Sender<LocalGet>>,
-    results: mpsc::Receiver<Result<ReadInfo>>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    busy: bool,
+    done: Vec<RingDone>,
 }
 
 /// A read the ring completed: its bytes stay valid until this is dropped (the slot is not
@@ -579,55 +584,54 @@ pub struct Completed<'a> {
 }
 
 impl ReadRing {
+    /// At most 1,024 slots, and 16 GiB of them in all.
     pub fn new(path: impl AsRef<Path>, slots: usize, slot_bytes: u64) -> Result<ReadRing> {
-        let path: PathBuf = path.as_ref().to_path_buf();
-        if slots == 0 {
-            return Err(ClientError::Usage("a ring needs at least one slot".into()));
+        use hydrant_proto::local_ring::LOCAL_RING_ENTRIES_MAX;
+        if slots == 0 || slots > LOCAL_RING_ENTRIES_MAX as usize {
+            return Err(ClientError::Usage(format!(
+                "a ring has 1 to {LOCAL_RING_ENTRIES_MAX} slots, not {slots}"
+            )));
         }
-        let mut ring = ReadRing {
-            slots: Vec::with_capacity(slots),
+        let stride = slot_bytes.div_ceil(4096).max(1) * 4096;
+        let mut client = LocalClient::connect(path)?;
+        let region = client.allocate(stride * slots as u64)?;
+        let entries = (slots as u32).next_power_of_two();
+        let first = client.open_ring(&region, entries, Some(0))?;
+        let mut rings = vec![first];
+        for shard in 1..rings[0].shards() {
+            rings.push(client.open_ring(&region, entries, Some(shard))?);
+        }
+        Ok(ReadRing {
+            rings,
+            region,
+            _client: client,
+            slot_bytes,
+            stride,
+            busy: vec![false; slots],
+            results: (0..slots).map(|_| None).collect(),
             order: Default::default(),
-        };
-        for _ in 0..slots {
-            let mut client = LocalClient::connect(&path)?;
-            let region = client.allocate(slot_bytes)?;
-            let (jobs, job_queue) = mpsc::channel::<LocalGet>();
-            let (result_sender, results) = mpsc::channel();
-            let region_id = region.id;
-            let worker = std::thread::Builder::new()
-                .name("hydrant-read-ring".into())
-                .spawn(move || {
-                    for job in job_queue {
-                        let result = client
-                            .read_raw(region_id, std::slice::from_ref(&job))
-                            .and_then(|mut results| results.pop().expect("one result"));
-                        if result_sender.send(result).is_err() {
-                            return;
-                        }
-                    }
-                })?;
-            ring.slots.push(Slot {
-                region,
-                jobs: Some(jobs),
-                results,
-                worker: Some(worker),
-                busy: false,
-            });
-        }
-        Ok(ring)
+            done: Vec::with_capacity(slots),
+        })
     }
 
     pub fn slots(&self) -> usize {
-        self.slots.len()
+        self.busy.len()
     }
 
-    /// Where slot `index`'s region is mapped, and its length: for handing its bytes to code
-    /// that cannot hold a borrow of the ring (the Python package's views). The mapping lives as
-    /// long as the ring; a slot's bytes change when a read is submitted into it.
+    /// Where slot `index` is mapped, and its length: for handing its bytes to code that cannot
+    /// hold a borrow of the ring (the Python package's views). The mapping lives as long as the
+    /// ring; a slot's bytes change when a read is submitted into it.
     pub fn slot_memory(&self, index: usize) -> Option<(*const u8, usize)> {
-        self.slots
-            .get(index)
-            .map(|slot| (slot.region.as_slice().as_ptr(), slot.region.len()))
+        (index < self.slots()).then(|| {
+            // SAFETY: inside the region: index < slots and the region is slots * stride long.
+            let address = unsafe {
+                self.region
+                    .as_slice()
+                    .as_ptr()
+                    .add(index * self.stride as usize)
+            };
+            (address, self.slot_bytes as usize)
+        })
     }
 
     /// Start a read into the next free slot; an error when every slot is taken.
@@ -637,54 +641,55 @@ impl ReadRing {
         key: &str,
         range: Option<(u64, Option<u64>)>,
     ) -> Result<()> {
-        let Some(index) = self.slots.iter().position(|slot| !slot.busy) else {
+        let Some(index) = self.busy.iter().position(|busy| !busy) else {
             return Err(ClientError::Usage(
                 "every slot of the ring is in use: take a completion first".into(),
             ));
         };
-        let slot = &mut self.slots[index];
-        let job = LocalGet {
-            offset: 0,
-            length: slot.region.len() as u64,
+        let get = LocalGet {
+            offset: index as u64 * self.stride,
+            length: self.slot_bytes,
             bucket: bucket.to_string(),
             key: key.to_string(),
             range,
         };
-        slot.jobs
-            .as_ref()
-            .expect("open while the ring lives")
-            .send(job)
-            .map_err(|_| ClientError::Usage("the ring's worker stopped".into()))?;
-        slot.busy = true;
+        let last = self.rings.len() - 1;
+        let shard = (self.rings[0].shard_for(bucket, key) as usize).min(last);
+        let ring = &mut self.rings[shard];
+        ring.push(&get, index as u64)?;
+        ring.submit();
+        self.busy[index] = true;
         self.order.push_back(index);
         Ok(())
     }
 
     /// The oldest submitted read, once complete; `None` when nothing is in flight.
     pub fn complete(&mut self) -> Option<Result<Completed<'_>>> {
-        let index = self.order.pop_front()?;
-        let slot = &mut self.slots[index];
-        slot.busy = false;
-        let result = match slot.results.recv() {
-            Ok(result) => result,
-            Err(_) => return Some(Err(ClientError::Usage("the ring's worker stopped".into()))),
-        };
-        let slot = &self.slots[index];
-        Some(result.map(|info| Completed {
-            info,
-            data: &slot.region.as_slice()[..info.written as usize],
-            slot: index,
-        }))
-    }
-}
-
-impl Drop for ReadRing {
-    fn drop(&mut self) {
-        for slot in &mut self.slots {
-            slot.jobs = None; // the worker ends after its current read
-            if let Some(worker) = slot.worker.take() {
-                let _ = worker.join();
+        let index = *self.order.front()?;
+        while self.results[index].is_none() {
+            self.done.clear();
+            if let Err(error) = wait_rings(
+                &mut self.rings,
+                1,
+                &mut self.done,
+                Some(LOCAL_REQUEST_TIMEOUT),
+            ) {
+                return Some(Err(error));
+            }
+            for done in self.done.drain(..) {
+                if let Some(result) = self.results.get_mut(done.user_data as usize) {
+                    *result = Some(done.result);
+                }
             }
         }
+        self.order.pop_front();
+        self.busy[index] = false;
+        let result = self.results[index].take().expect("checked above");
+        let start = index * self.stride as usize;
+        Some(result.map(|info| Completed {
+            info,
+            data: &self.region.as_slice()[start..start + info.written as usize],
+            slot: index,
+        }))
     }
 }

@@ -943,9 +943,10 @@ class Completion(NamedTuple):
 
 
 class ReadRing:
-    """Several same-host reads in flight: ``slots`` connections, each with a region of
-    ``slot_bytes``; ``submit`` starts a read into a free slot, ``complete`` waits for the
-    oldest. Keep up to ``slots`` reads submitted and the server works on the next while the
+    """Several same-host reads in flight: one connection, a shared region of ``slots`` slots of
+    ``slot_bytes`` (at most 1,024 slots and 16 GiB), and the server's read rings in shared
+    memory (no message on the socket per read); ``submit`` starts a read into a free slot,
+    ``complete`` waits for the oldest. Keep up to ``slots`` reads submitted and the server works on the next while the
     caller uses the last::
 
         ring = hydrant.ReadRing("/run/hydrant.sock", slots=4, slot_bytes=64 << 20)

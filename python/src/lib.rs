@@ -771,8 +771,9 @@ impl NativeRegion {
     }
 }
 
-/// Several same-host reads in flight (`hydrant_client::local::ReadRing`): one connection and
-/// region per slot. The Python layer views each slot's bytes at `slot_memory`.
+/// Several same-host reads in flight (`hydrant_client::local::ReadRing`): one connection, one
+/// region of slots, and the server's read rings. The Python layer views each slot's bytes at
+/// `slot_memory`.
 #[pyclass(frozen, module = "hydrant._hydrant")]
 struct NativeRing {
     pid: u32,
@@ -782,8 +783,8 @@ struct NativeRing {
 
 impl Drop for NativeRing {
     fn drop(&mut self) {
-        // Its worker threads exist only in the process that made it: a forked child leaves it
-        // (joining threads it does not have is undefined).
+        // Its connection and rings belong to the process that made it: a forked child leaves
+        // them alone (its copy of the connection must not tell the server anything).
         if std::process::id() == self.pid {
             // SAFETY: dropped once, here, and never used after.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.ring) };
