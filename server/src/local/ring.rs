@@ -30,8 +30,7 @@ use std::task::{Context, Poll};
 use hydrant_engine::buf::ExternalBuf;
 use hydrant_engine::rt::net::readable;
 use hydrant_engine::rt::spawn;
-use hydrant_engine::rt::sync::{Semaphore, WaitQueue};
-use hydrant_engine::rt::time::sleep;
+use hydrant_engine::rt::sync::Semaphore;
 use hydrant_engine::store::ObjectKey;
 use hydrant_engine::{ByteRange, Cache, EngineHandle};
 use hydrant_proto::local::LOCAL_RANGE_TO_END;
@@ -48,11 +47,6 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use super::{failed, read_item, ShardItem};
 use crate::connection::requests::engine_failure;
 use crate::metrics::{LOCAL_RINGS, LOCAL_RING_READS_IN_FLIGHT};
-
-/// How long the serving task waits for one of its reads to complete before it asks the client
-/// for a doorbell (sets `server_idle`) instead: entries submitted while every read in flight is
-/// slow wait at most this long to be taken.
-const RING_PICKUP_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// What the connection and the ring's task share.
 pub(super) struct RingShared {
@@ -212,8 +206,6 @@ struct Serving {
     shard: usize,
     /// Completions written (the server's own count; the file's copy is for the client).
     cq_tail: std::cell::Cell<u32>,
-    /// Woken at each completion: the serving loop looks at the queue again then.
-    completed: WaitQueue,
 }
 
 async fn serve(
@@ -232,7 +224,6 @@ async fn serve(
         engine,
         shard,
         cq_tail: std::cell::Cell::new(0),
-        completed: WaitQueue::new(),
     });
     // One permit per read taken and not completed: taking all of them back at the end waits
     // for every read.
@@ -250,10 +241,6 @@ async fn serve(
         };
         taken.wrapping_sub(consumed) < entries && reading.available() > 0
     };
-    // The doorbell's wait, kept armed across turns until it fires (a POLL_ADD dropped unfired
-    // would stay on the ring until the next ring).
-    let mut doorbell: Option<Pin<Box<dyn Future<Output = io::Result<()>>>>> = None;
-    let mut patience_spent = false;
     while !shared.stop.load(Ordering::Acquire) {
         let tail = shared.counter(RING_SQ_TAIL).load(Ordering::Acquire);
         let mut took = false;
@@ -277,19 +264,8 @@ async fn serve(
             YieldOnce(false).await;
             continue;
         }
-        let in_flight = reading.available() < entries as usize;
-        if in_flight && !patience_spent {
-            // Each completion brings this task back to look at the queue, so while reads
-            // complete the client needs no doorbell (and the shard is not woken for one). A
-            // read that takes long (from the origin) must not hold up what the client submits
-            // meanwhile: after RING_PICKUP_WAIT without a completion, sleep as below.
-            let completed = first_of(serving.completed.wait(), sleep(RING_PICKUP_WAIT)).await;
-            patience_spent = !matches!(completed, Ok(true));
-            continue;
-        }
-        patience_spent = false;
         // Nothing to take: say so, look once more (the client may have written in between),
-        // then sleep until the doorbell or a completion.
+        // then sleep until the doorbell.
         shared.counter(RING_SERVER_IDLE).store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let tail = shared.counter(RING_SQ_TAIL).load(Ordering::Acquire);
@@ -297,24 +273,11 @@ async fn serve(
             shared.counter(RING_SERVER_IDLE).store(0, Ordering::SeqCst);
             continue;
         }
-        let fd = shared.submit.as_raw_fd();
-        let bell = doorbell.get_or_insert_with(|| Box::pin(readable(fd)));
-        let rang = if in_flight {
-            first_of(bell.as_mut(), serving.completed.wait()).await
-        } else {
-            bell.as_mut().await.map(|()| true)
-        };
-        match rang {
-            Ok(true) => {
-                doorbell = None;
-                drain_doorbell(fd);
-            }
-            Ok(false) => {}
-            Err(error) => {
-                log::error!("same-host ring: cannot wait for its doorbell: {error}");
-                break;
-            }
+        if let Err(error) = readable(shared.submit.as_raw_fd()).await {
+            log::error!("same-host ring: cannot wait for its doorbell: {error}");
+            break;
         }
+        drain_doorbell(shared.submit.as_raw_fd());
         shared.counter(RING_SERVER_IDLE).store(0, Ordering::SeqCst);
     }
     // Every read taken has completed once every permit is back.
@@ -350,7 +313,6 @@ fn complete(serving: &Serving, completion: &RingCompletion) {
             ring_doorbell(shared.complete.as_raw_fd());
         }
     }
-    serving.completed.wake_all();
 }
 
 /// Decode, check and read one entry.
@@ -422,45 +384,6 @@ fn completion(user_data: u64, result: hydrant_proto::local::LocalItemResult) -> 
         range_start: result.range_start,
         written: result.written,
         message: result.message,
-    }
-}
-
-/// Whichever of `a` and `b` completes first: `Ok(true)` for `a`'s completion (its error as an
-/// error), `Ok(false)` for `b`'s.
-async fn first_of<A, B>(a: A, b: B) -> io::Result<bool>
-where
-    A: Future,
-    A::Output: FirstOf,
-    B: Future,
-{
-    let mut a = std::pin::pin!(a);
-    let mut b = std::pin::pin!(b);
-    std::future::poll_fn(|context| {
-        if let Poll::Ready(output) = a.as_mut().poll(context) {
-            return Poll::Ready(output.into_result().map(|()| true));
-        }
-        if b.as_mut().poll(context).is_ready() {
-            return Poll::Ready(Ok(false));
-        }
-        Poll::Pending
-    })
-    .await
-}
-
-/// What `first_of` makes of its first future's output.
-trait FirstOf {
-    fn into_result(self) -> io::Result<()>;
-}
-
-impl FirstOf for () {
-    fn into_result(self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl FirstOf for io::Result<()> {
-    fn into_result(self) -> io::Result<()> {
-        self
     }
 }
 
