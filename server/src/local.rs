@@ -453,13 +453,7 @@ impl LocalConnection {
 
     fn allocate(&mut self, stream: &UnixStream, request_id: u64, body: &[u8]) -> io::Result<()> {
         let refuse = |status: Status, message: String| {
-            let answer = local_message(
-                LocalOpcode::Allocate,
-                status as u8,
-                request_id,
-                message.as_bytes(),
-            );
-            (&*stream).write_all(&answer)
+            answer_error(stream, LocalOpcode::Allocate, request_id, status, &message)
         };
         let Ok(bytes) = body.try_into().map(u64::from_le_bytes) else {
             return refuse(Status::BadRequest, "ALLOCATE carries a u64".into());
@@ -524,13 +518,7 @@ impl LocalConnection {
     /// RING_OPEN: a read ring over one of this connection's regions, served by a shard.
     fn open_ring(&mut self, stream: &UnixStream, request_id: u64, body: &[u8]) -> io::Result<()> {
         let refuse = |status: Status, message: String| {
-            let answer = local_message(
-                LocalOpcode::RingOpen,
-                status as u8,
-                request_id,
-                message.as_bytes(),
-            );
-            (&*stream).write_all(&answer)
+            answer_error(stream, LocalOpcode::RingOpen, request_id, status, &message)
         };
         let open = match RingOpen::decode(body) {
             Ok(open) => open,
@@ -1008,6 +996,18 @@ async fn read_item(cache: &Cache, item: &ShardItem) -> LocalItemResult {
         written: placed.len,
         message: String::new(),
     }
+}
+
+/// Answer request `request_id` with `status` and a one-line reason.
+fn answer_error(
+    stream: &UnixStream,
+    opcode: LocalOpcode,
+    request_id: u64,
+    status: Status,
+    message: &str,
+) -> io::Result<()> {
+    let answer = local_message(opcode, status as u8, request_id, message.as_bytes());
+    (&*stream).write_all(&answer)
 }
 
 /// Send `message` with `fds` attached (SCM_RIGHTS) to its first byte.
