@@ -562,9 +562,8 @@ pub struct ReadRing {
     region: Region,
     /// The connection the rings and the region belong to (it closes when the ring is dropped).
     _client: LocalClient,
-    slot_bytes: u64,
-    /// Slot `i` starts at `i * stride` in the region (a whole number of 4 KiB blocks, so that
-    /// reads land by the device's DMA).
+    /// Slot `i` starts at `i * stride` in the region: `slot_bytes` rounded up to whole 4 KiB
+    /// blocks, so that reads land by the device's DMA.
     stride: u64,
     busy: Vec<bool>,
     /// Results that came before the caller asked for them, by slot.
@@ -605,7 +604,6 @@ impl ReadRing {
             rings,
             region,
             _client: client,
-            slot_bytes,
             stride,
             busy: vec![false; slots],
             results: (0..slots).map(|_| None).collect(),
@@ -618,7 +616,7 @@ impl ReadRing {
         self.busy.len()
     }
 
-    /// Where slot `index` is mapped, and its length: for handing its bytes to code that cannot
+    /// Where slot `index` is mapped, and its length (`slot_bytes` rounded up to 4 KiB): for handing its bytes to code that cannot
     /// hold a borrow of the ring (the Python package's views). The mapping lives as long as the
     /// ring; a slot's bytes change when a read is submitted into it.
     pub fn slot_memory(&self, index: usize) -> Option<(*const u8, usize)> {
@@ -630,7 +628,7 @@ impl ReadRing {
                     .as_ptr()
                     .add(index * self.stride as usize)
             };
-            (address, self.slot_bytes as usize)
+            (address, self.stride as usize)
         })
     }
 
@@ -648,7 +646,9 @@ impl ReadRing {
         };
         let get = LocalGet {
             offset: index as u64 * self.stride,
-            length: self.slot_bytes,
+            // The whole stride: room for a read from NVMe rounded up to whole blocks, so that
+            // it lands by the device's DMA.
+            length: self.stride,
             bucket: bucket.to_string(),
             key: key.to_string(),
             range,
@@ -675,6 +675,14 @@ impl ReadRing {
                 Some(LOCAL_REQUEST_TIMEOUT),
             ) {
                 return Some(Err(error));
+            }
+            if self.done.is_empty() {
+                // Nothing in flight any more, yet no answer for this slot (a completion the
+                // client could not decode): waiting would never end.
+                return Some(Err(ClientError::Io(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the server never answered a read of this ring",
+                ))));
             }
             for done in self.done.drain(..) {
                 if let Some(result) = self.results.get_mut(done.user_data as usize) {

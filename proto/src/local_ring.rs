@@ -14,6 +14,8 @@
 //!    256     4  server_idle     1 while the shard may sleep: ring the submit doorbell
 //!    320     4  client_waiting  0, or while the client may sleep the completions it waits for:
 //!                               the server rings the completion doorbell once that many are unconsumed
+//!    384     4  closed          set to 1 by the server when it stops the ring (its region freed, its
+//!                               connection closed); entries it had not taken get no completion
 //!   4096        entries × LOCAL_RING_SQE_BYTES submission entries, then
 //!               entries × LOCAL_RING_CQE_BYTES completion entries
 //! ```
@@ -30,6 +32,8 @@ use crate::ProtoError;
 pub const LOCAL_RING_ENTRIES_MAX: u32 = 1024;
 /// Rings one connection may hold at once.
 pub const LOCAL_RINGS_PER_CONNECTION_MAX: u32 = 64;
+/// Reads taken from the rings of one shard and not yet completed, all rings together.
+pub const LOCAL_RING_READS_PER_SHARD_MAX: usize = 256;
 /// RING_OPEN's `shard` meaning "the server chooses".
 pub const LOCAL_RING_ANY_SHARD: u32 = u32::MAX;
 
@@ -39,6 +43,7 @@ pub const RING_CQ_TAIL: usize = 128;
 pub const RING_CQ_HEAD: usize = 192;
 pub const RING_SERVER_IDLE: usize = 256;
 pub const RING_CLIENT_WAITING: usize = 320;
+pub const RING_CLOSED: usize = 384;
 /// Where the submission entries start.
 pub const RING_ENTRIES_OFFSET: usize = 4096;
 

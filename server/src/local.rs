@@ -556,10 +556,23 @@ impl LocalConnection {
                 )
             }
         };
+        // The ring file counts with the regions against the bound of all clients' memory.
+        let bytes = ring::RingShared::bytes_for(open.entries);
+        let total = LOCAL_REGION_BYTES.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        if total > LOCAL_REGION_BYTES_TOTAL_MAX {
+            LOCAL_REGION_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+            return refuse(
+                Status::Busy,
+                format!(
+                    "same-host regions and rings are at their bound of {LOCAL_REGION_BYTES_TOTAL_MAX} bytes"
+                ),
+            );
+        }
         let shared = match ring::RingShared::create(open.entries) {
-            Ok(shared) => Arc::new(shared),
+            Ok(shared) => Arc::new(shared), // gives the bytes back when dropped
             Err(error) => {
-                return refuse(Status::Internal, format!("cannot create a ring: {error}"))
+                LOCAL_REGION_BYTES.fetch_sub(bytes, Ordering::SeqCst);
+                return refuse(Status::Internal, format!("cannot create a ring: {error}"));
             }
         };
         let handle = match ring::start(
@@ -575,7 +588,7 @@ impl LocalConnection {
                 return refuse(status, message);
             }
         };
-        self.next_ring += 1;
+        self.next_ring = self.next_ring.wrapping_add(1).max(1);
         let info = RingInfo {
             ring: self.next_ring,
             entries: open.entries,

@@ -367,18 +367,29 @@ fn a_client_killed_with_reads_in_flight_frees_its_ring() {
     assert_eq!(&region.as_slice()[..written], &objects["object-003"][..]);
 }
 
-#[test]
-fn a_slow_read_in_flight_does_not_hold_up_entries_submitted_after_it() {
-    // A bucket read through from an origin behind a proxy that takes 1.5 s per request.
+/// A server of one shard whose bucket `slow` reads through from an origin (moto's S3 server)
+/// behind the fault proxy, with `slow/cold` (100,000 bytes) there and `b/object-000` and
+/// `b/object-001` stored; the proxy then takes `delay_ms` per request.
+struct SlowOrigin {
+    _s3: common::Store,
+    _proxy: hydrant_fault_proxy::ProxyHandle,
+    scratch: Scratch,
+    server: ServerProcess,
+    cold: Vec<u8>,
+    objects: HashMap<String, Vec<u8>>,
+}
+
+fn slow_origin(name: &str, delay_ms: u64) -> SlowOrigin {
     let s3 = common::Store::start();
-    s3.create_bucket("ring-slow");
+    let bucket = format!("ring-{name}");
+    s3.create_bucket(&bucket);
     let cold = object_bytes(9, 100_000);
-    s3.put("ring-slow", "cold", &cold);
+    s3.put(&bucket, "cold", &cold);
     let mut config = hydrant_fault_proxy::Config::new(s3.address());
     config.settings.delay = hydrant_fault_proxy::DelayRange::NONE;
     let proxy = hydrant_fault_proxy::start(config).unwrap();
-    let scratch = Scratch::new("ring-slow");
-    let bucket = format!("slow={}", s3.url("ring-slow"));
+    let scratch = Scratch::new(&bucket);
+    let route = format!("slow={}", s3.url(&bucket));
     let server = ServerProcess::start_shards(
         scratch.path(),
         1,
@@ -389,15 +400,35 @@ fn a_slow_read_in_flight_does_not_hold_up_entries_submitted_after_it() {
             "--local-socket",
             socket_of(&scratch).to_str().unwrap(),
             "--bucket",
-            &bucket,
+            &route,
         ],
         &s3.env_via(&proxy.addr().to_string()),
     );
     let objects = store_objects(&server, 2);
+    let delay = format!("delay_ms={delay_ms}-{delay_ms}");
     proxy
-        .set_config(hydrant_fault_proxy::ConfigUpdate::from_query("delay_ms=1500-1500").unwrap())
+        .set_config(hydrant_fault_proxy::ConfigUpdate::from_query(&delay).unwrap())
         .unwrap();
-    let mut client = LocalClient::connect(socket_of(&scratch)).unwrap();
+    SlowOrigin {
+        _s3: s3,
+        _proxy: proxy,
+        scratch,
+        server,
+        cold,
+        objects,
+    }
+}
+
+#[test]
+fn a_slow_read_in_flight_does_not_hold_up_entries_submitted_after_it() {
+    let origin = slow_origin("slow", 1500);
+    let (scratch, server, cold, objects) = (
+        &origin.scratch,
+        &origin.server,
+        &origin.cold,
+        &origin.objects,
+    );
+    let mut client = LocalClient::connect(socket_of(scratch)).unwrap();
     let region = client.allocate(2 * SLOT_BYTES).unwrap();
     let mut ring = client.open_ring(&region, 4, None).unwrap();
     let mut slow = get(0, "cold");
@@ -428,4 +459,70 @@ fn a_slow_read_in_flight_does_not_hold_up_entries_submitted_after_it() {
     assert_eq!(done[0].user_data, 1);
     let written = done[0].result.as_ref().unwrap().written as usize;
     assert_eq!(&region.as_slice()[..written], &cold[..]);
+}
+
+#[test]
+fn waiting_on_several_rings_counts_the_completions_of_all() {
+    // Two rings, each with two fast reads and one that waits 3 s on the origin: a wait for
+    // four completions ends with the four fast ones, whichever rings they came from.
+    let origin = slow_origin("several", 3000);
+    let (scratch, objects) = (&origin.scratch, &origin.objects);
+    let mut client = LocalClient::connect(socket_of(scratch)).unwrap();
+    let region = client.allocate(8 * SLOT_BYTES).unwrap();
+    let mut rings: Vec<LocalRing> = (0..2)
+        .map(|_| client.open_ring(&region, 4, Some(0)).unwrap())
+        .collect();
+    for (index, ring) in rings.iter_mut().enumerate() {
+        let base = index as u64 * 3;
+        let mut slow = get(base, "cold");
+        slow.bucket = "slow".into();
+        ring.push(&slow, base).unwrap();
+        ring.push(&get(base + 1, "object-000"), base + 1).unwrap();
+        ring.push(&get(base + 2, "object-001"), base + 2).unwrap();
+    }
+    let mut done = Vec::new();
+    let started = std::time::Instant::now();
+    wait_rings(&mut rings, 4, &mut done, Some(Duration::from_millis(2000))).unwrap();
+    assert!(started.elapsed() < Duration::from_millis(2000));
+    let mut fast: Vec<u64> = done.iter().map(|completion| completion.user_data).collect();
+    fast.sort_unstable();
+    assert_eq!(fast, [1, 2, 4, 5], "the fast reads of both rings");
+    for completion in &done {
+        let key = if completion.user_data % 3 == 1 {
+            "object-000"
+        } else {
+            "object-001"
+        };
+        let written = completion.result.as_ref().unwrap().written as usize;
+        let start = (completion.user_data * SLOT_BYTES) as usize;
+        assert_eq!(
+            &region.as_slice()[start..start + written],
+            &objects[key][..]
+        );
+    }
+}
+
+#[test]
+fn a_ring_whose_region_is_freed_ends_its_waits_with_an_error() {
+    let scratch = Scratch::new("ring-freed");
+    let server = start(&scratch, 2, &[]);
+    store_objects(&server, 2);
+    let mut client = LocalClient::connect(socket_of(&scratch)).unwrap();
+    let region = client.allocate(4 * SLOT_BYTES).unwrap();
+    let mut ring = client.open_ring(&region, 4, None).unwrap();
+    // Entries written but not yet submitted when the region goes: the server never takes them.
+    ring.push(&get(0, "object-000"), 0).unwrap();
+    ring.push(&get(1, "object-001"), 1).unwrap();
+    client.release(&region).unwrap();
+    assert_eq!(server.metric("hydrant_local_rings"), 0);
+    assert_eq!(server.metric("hydrant_local_regions"), 0);
+    assert_eq!(
+        server.metric("hydrant_local_region_bytes"),
+        0,
+        "ring files counted back too"
+    );
+    let mut done = Vec::new();
+    let error = ring.wait(2, &mut done, WAIT).unwrap_err();
+    assert!(error.to_string().contains("closed the ring"), "{error}");
+    assert!(done.is_empty());
 }

@@ -41,13 +41,13 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapMut, MmapOptions};
+use memmap2::{MmapOptions, MmapRaw};
 
 use hydrant_proto::local::LOCAL_RANGE_TO_END;
 use hydrant_proto::local_ring::{
     cqe_offset, ring_file_bytes, sqe_offset, RingCompletion, RingInfo, RingSubmission,
-    LOCAL_RING_SQE_BYTES, RING_CLIENT_WAITING, RING_CQ_HEAD, RING_CQ_TAIL, RING_SERVER_IDLE,
-    RING_SQ_HEAD, RING_SQ_TAIL,
+    LOCAL_RING_CQE_BYTES, LOCAL_RING_SQE_BYTES, RING_CLIENT_WAITING, RING_CLOSED, RING_CQ_HEAD,
+    RING_CQ_TAIL, RING_SERVER_IDLE, RING_SQ_HEAD, RING_SQ_TAIL,
 };
 use hydrant_proto::Status;
 
@@ -65,7 +65,7 @@ pub struct RingDone {
 pub struct LocalRing {
     _memfd: OwnedFd,
     /// The shared ring file; the server writes completions and its counters into it.
-    mapping: MmapMut,
+    mapping: MmapRaw,
     submit: OwnedFd,
     complete: OwnedFd,
     /// A handle on the connection, to notice the server going away while waiting.
@@ -93,13 +93,17 @@ impl LocalRing {
         region_bytes: u64,
         connection: u64,
     ) -> Result<LocalRing> {
-        // SAFETY: a shared mapping of the whole ring file, which the server sized and sealed
-        // against shrinking; both sides reach its counters only through atomics.
-        let mapping = unsafe {
-            MmapOptions::new()
-                .len(ring_file_bytes(info.entries))
-                .map_mut(&memfd)?
-        };
+        if info.entries == 0 || !info.entries.is_power_of_two() {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the server answered a ring of {} entries", info.entries),
+            )));
+        }
+        // A shared mapping of the whole ring file, which the server sized and sealed against
+        // shrinking; both sides reach it only through raw pointers and atomics.
+        let mapping = MmapOptions::new()
+            .len(ring_file_bytes(info.entries))
+            .map_raw(&memfd)?;
         Ok(LocalRing {
             _memfd: memfd,
             mapping,
@@ -198,7 +202,15 @@ impl LocalRing {
             )));
         }
         let offset = sqe_offset(self.info.entries, self.pushed);
-        self.mapping[offset..offset + LOCAL_RING_SQE_BYTES].copy_from_slice(slot);
+        // SAFETY: the slot lies inside the mapping (ring_file_bytes); the server reads it only
+        // once it is published, after this write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                slot.as_ptr(),
+                self.mapping.as_mut_ptr().add(offset),
+                LOCAL_RING_SQE_BYTES,
+            )
+        };
         self.pushed = self.pushed.wrapping_add(1);
         Ok(())
     }
@@ -233,7 +245,17 @@ impl LocalRing {
         let mut taken = 0;
         while self.consumed != tail && self.in_flight() > 0 {
             let offset = cqe_offset(self.info.entries, self.consumed);
-            let completion = RingCompletion::decode(&self.mapping[offset..]);
+            let mut copy = [0u8; LOCAL_RING_CQE_BYTES];
+            // SAFETY: the slot lies inside the mapping; the server wrote it before it published
+            // cq_tail (acquired above) and does not write it again before we consume it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.mapping.as_ptr().add(offset),
+                    copy.as_mut_ptr(),
+                    LOCAL_RING_CQE_BYTES,
+                )
+            };
+            let completion = RingCompletion::decode(&copy);
             self.consumed = self.consumed.wrapping_add(1);
             taken += 1;
             done.push(match completion {
@@ -264,8 +286,11 @@ impl LocalRing {
         if taken > 0 {
             self.counter(RING_CQ_HEAD)
                 .store(self.consumed, Ordering::Release);
-            // A server that stopped for want of completion room waits for this.
-            self.wake_server();
+            // A server that stopped for want of completion room waits for this (only if it
+            // has entries left to take).
+            if self.counter(RING_SQ_HEAD).load(Ordering::Acquire) != self.published {
+                self.wake_server();
+            }
         }
         taken
     }
@@ -296,6 +321,13 @@ impl LocalRing {
         false
     }
 
+    /// Whether the server stopped this ring (its region freed, its connection closed) with
+    /// nothing more to consume: reads in flight will never complete.
+    fn closed(&self) -> bool {
+        self.counter(RING_CLOSED).load(Ordering::Acquire) != 0
+            && self.counter(RING_CQ_TAIL).load(Ordering::Acquire) == self.consumed
+    }
+
     fn wake_server(&self) {
         fence(Ordering::SeqCst);
         if self.counter(RING_SERVER_IDLE).load(Ordering::SeqCst) != 0 {
@@ -306,8 +338,8 @@ impl LocalRing {
     }
 
     fn counter(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: the counters lie in the mapping's first page, 64-byte aligned; the server
-        // changes them concurrently, which atomics allow.
+        // SAFETY: the counters lie in the mapping's first page, 64-byte aligned, reached only
+        // through this raw pointer; the server changes them concurrently, which atomics allow.
         unsafe { &*(self.mapping.as_ptr().add(offset) as *const AtomicU32) }
     }
 }
@@ -333,13 +365,31 @@ pub fn wait_rings(
     };
     let mut taken = harvest(rings, done);
     while taken < min {
-        // Each ring is asked to wake this thread once it alone has what is still needed, or
-        // all it has in flight (so that rings with a few reads each still end the wait).
-        let needed = (min - taken) as u32;
-        if rings
+        if let Some(ring) = rings
             .iter()
-            .any(|ring| ring.in_flight() > 0 && ring.arm_doorbell(needed.min(ring.in_flight())))
+            .find(|ring| ring.in_flight() > 0 && ring.closed())
         {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!(
+                    "the server closed the ring with {} reads in flight (its region was freed or its connection closed)",
+                    ring.in_flight()
+                ),
+            )));
+        }
+        // One ring is asked to wake this thread once it has what is still needed (or all it
+        // has in flight); several are each asked for one, since what is needed may come from
+        // any of them.
+        let needed = (min - taken) as u32;
+        let busy = rings.iter().filter(|ring| ring.in_flight() > 0).count();
+        if rings.iter().any(|ring| {
+            let wanted = if busy > 1 {
+                1
+            } else {
+                needed.min(ring.in_flight())
+            };
+            ring.in_flight() > 0 && ring.arm_doorbell(wanted)
+        }) {
             taken += harvest(rings, done);
             continue;
         }

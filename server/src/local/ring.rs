@@ -36,8 +36,8 @@ use hydrant_engine::{ByteRange, Cache, EngineHandle};
 use hydrant_proto::local::LOCAL_RANGE_TO_END;
 use hydrant_proto::local_ring::{
     cqe_offset, ring_file_bytes, sqe_offset, RingCompletion, RingSubmission, LOCAL_RING_CQE_BYTES,
-    LOCAL_RING_SQE_BYTES, RING_CLIENT_WAITING, RING_CQ_HEAD, RING_CQ_TAIL, RING_SERVER_IDLE,
-    RING_SQ_HEAD, RING_SQ_TAIL,
+    LOCAL_RING_READS_PER_SHARD_MAX, LOCAL_RING_SQE_BYTES, RING_CLIENT_WAITING, RING_CLOSED,
+    RING_CQ_HEAD, RING_CQ_TAIL, RING_SERVER_IDLE, RING_SQ_HEAD, RING_SQ_TAIL,
 };
 use hydrant_proto::Status;
 use memmap2::{MmapOptions, MmapRaw};
@@ -46,11 +46,13 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 
 use super::{failed, read_item, ShardItem};
 use crate::connection::requests::engine_failure;
-use crate::metrics::{LOCAL_RINGS, LOCAL_RING_READS_IN_FLIGHT};
+use crate::metrics::{LOCAL_REGION_BYTES, LOCAL_RINGS, LOCAL_RING_READS_IN_FLIGHT};
 
 /// What the connection and the ring's task share.
 pub(super) struct RingShared {
     entries: u32,
+    /// The ring file's size, counted with the regions' bytes until the file is unmapped.
+    bytes: u64,
     /// The ring file; the server's mapping goes with the last holder.
     memfd: OwnedFd,
     mapping: MmapRaw,
@@ -77,6 +79,7 @@ impl RingShared {
         let mapping = MmapOptions::new().len(bytes).map_raw(&memfd)?;
         Ok(RingShared {
             entries,
+            bytes: bytes as u64,
             memfd,
             mapping,
             submit: eventfd()?,
@@ -129,10 +132,21 @@ impl RingShared {
         }
     }
 
+    /// The size of the ring file for `entries`.
+    pub(super) fn bytes_for(entries: u32) -> u64 {
+        ring_file_bytes(entries) as u64
+    }
+
     /// Ask the task to stop and wake it.
     pub(super) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         ring_doorbell(self.submit.as_raw_fd());
+    }
+}
+
+impl Drop for RingShared {
+    fn drop(&mut self) {
+        LOCAL_REGION_BYTES.fetch_sub(self.bytes, Ordering::SeqCst);
     }
 }
 
@@ -158,6 +172,12 @@ fn drain_doorbell(fd: RawFd) {
     unsafe { libc::read(fd, count.as_mut_ptr().cast(), 8) };
 }
 
+thread_local! {
+    /// Reads taken from this shard's rings and not yet completed, all rings together.
+    static SHARD_RING_READS: Rc<Semaphore> =
+        Rc::new(Semaphore::new(LOCAL_RING_READS_PER_SHARD_MAX));
+}
+
 /// The connection's handle on an open ring.
 pub(super) struct RingHandle {
     pub(super) region: u32,
@@ -168,6 +188,14 @@ pub(super) struct RingHandle {
 impl RingHandle {
     /// Stop the ring and wait until none of its reads is in flight.
     pub(super) fn close(self) {
+        drop(self);
+    }
+}
+
+impl Drop for RingHandle {
+    /// However the handle goes (closed, or its connection's thread unwinding), the ring stops
+    /// and its reads end before the region it reads into can go.
+    fn drop(&mut self) {
         self.shared.stop();
         // The task sends once it is done; a shard that went away drops the sender instead.
         let _ = self.stopped.recv();
@@ -241,10 +269,13 @@ async fn serve(
         };
         taken.wrapping_sub(consumed) < entries && reading.available() > 0
     };
+    let shard_reads = SHARD_RING_READS.with(Rc::clone);
     while !shared.stop.load(Ordering::Acquire) {
         let tail = shared.counter(RING_SQ_TAIL).load(Ordering::Acquire);
         let mut took = false;
         while taken != tail && room(taken, &reading) {
+            // All the shard's rings together: waits for a read of any of them to end.
+            let shard_permit = shard_reads.acquire_owned().await;
             let slot = shared.copy_submission(taken);
             taken = taken.wrapping_add(1);
             shared.counter(RING_SQ_HEAD).store(taken, Ordering::Release);
@@ -255,7 +286,7 @@ async fn serve(
                 let completion = serve_entry(&serving, &slot).await;
                 complete(&serving, &completion);
                 LOCAL_RING_READS_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
-                drop(permit);
+                drop((permit, shard_permit));
             });
             took = true;
         }
@@ -286,6 +317,9 @@ async fn serve(
         permits.push(reading.acquire().await);
     }
     drop(permits);
+    // Entries not taken get no completion: say the ring is closed, and wake a client waiting.
+    shared.counter(RING_CLOSED).store(1, Ordering::SeqCst);
+    ring_doorbell(shared.complete.as_raw_fd());
     LOCAL_RINGS.fetch_sub(1, Ordering::SeqCst);
     let _ = done.send(());
 }
