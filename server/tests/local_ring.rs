@@ -526,3 +526,45 @@ fn a_ring_whose_region_is_freed_ends_its_waits_with_an_error() {
     assert!(error.to_string().contains("closed the ring"), "{error}");
     assert!(done.is_empty());
 }
+
+#[test]
+fn an_origin_object_larger_than_its_place_is_refused_without_fetching_it_whole() {
+    // 12 MiB at the origin (three chunks of 4 MiB), read into a place of 1 MiB: the origin's
+    // first answer tells the size, and no more of the object is fetched.
+    let origin = slow_origin("oversized", 0);
+    let big = object_bytes(11, 12 << 20);
+    origin._s3.put("ring-oversized", "big", &big);
+    let mut client = LocalClient::connect(socket_of(&origin.scratch)).unwrap();
+    let region = client.allocate(SLOT_BYTES).unwrap();
+    let mut ring = client.open_ring(&region, 2, None).unwrap();
+    let mut oversized = get(0, "big");
+    oversized.bucket = "slow".into();
+    ring.push(&oversized, 1).unwrap();
+    let mut done = Vec::new();
+    ring.wait(1, &mut done, WAIT).unwrap();
+    assert_eq!(
+        status_of(&done[0]),
+        Status::TooLarge as u8,
+        "{:?}",
+        done[0].result
+    );
+    let path = origin._s3.request_path("/ring-oversized/big");
+    assert_eq!(
+        origin._proxy.stats().gets_of(&path),
+        1,
+        "only the GET that told the object's size"
+    );
+    // The same object with a range that fits is read, byte-exact.
+    let mut ranged = get(0, "big");
+    ranged.bucket = "slow".into();
+    ranged.range = Some((5 << 20, Some((5 << 20) + 70_000)));
+    ring.push(&ranged, 2).unwrap();
+    done.clear();
+    ring.wait(1, &mut done, WAIT).unwrap();
+    let written = done[0].result.as_ref().unwrap().written as usize;
+    assert_eq!(written, 70_000);
+    assert_eq!(
+        &region.as_slice()[..written],
+        &big[5 << 20..(5 << 20) + 70_000]
+    );
+}

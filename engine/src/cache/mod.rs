@@ -266,8 +266,17 @@ pub struct Placed {
 enum Got {
     Parts(PartsRead),
     Placed(DirectRead),
-    /// Not read: the answer would hold this many bytes, more than the caller has room for.
-    Sized(u64),
+    /// Not read: the answer would hold more bytes than the caller has room for.
+    Sized(Oversized),
+}
+
+/// A range not read because it holds more bytes than the caller has room for.
+#[derive(Clone, Copy, Debug)]
+struct Oversized {
+    /// Size of the whole object.
+    bytes: u64,
+    start: u64,
+    len: u64,
 }
 
 /// An answer to `get_parts_within`: the bytes, or how many there would be when that is more

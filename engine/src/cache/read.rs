@@ -77,7 +77,7 @@ impl Cache {
             .await?
             .map(|got| match got {
                 Got::Parts(read) => Within::Read(read),
-                Got::Sized(bytes) => Within::Sized(bytes),
+                Got::Sized(oversized) => Within::Sized(oversized.len),
                 Got::Placed(_) => unreachable!("nothing is placed without a target"),
             }))
     }
@@ -121,7 +121,10 @@ impl Cache {
                 }));
             }
         }
-        let Some(got) = self.get_to(key, range, Some(target), None).await? else {
+        // Read through from the origin only what fits: an object larger than its place is
+        // refused once the origin told its size, not fetched whole first.
+        let room = Some(target.len() as u64);
+        let Some(got) = self.get_to(key, range, Some(target), room).await? else {
             return Ok(None);
         };
         Ok(Some(match got {
@@ -135,7 +138,16 @@ impl Cache {
                 from_origin: false,
                 copied_bytes: 0,
             },
-            Got::Sized(_) => unreachable!("no bound on a read into a target"),
+            Got::Sized(oversized) => Placed {
+                bytes: oversized.bytes,
+                seq: 0,
+                dirty: false,
+                start: oversized.start,
+                len: oversized.len,
+                written: false,
+                from_origin: true,
+                copied_bytes: 0,
+            },
             Got::Parts(read) => {
                 let len = read.data.len();
                 let written = len <= target.len();

@@ -130,7 +130,11 @@ impl Cache {
                     Fetch::Data { version, data, .. } => {
                         let (start, end) = resolve_range(range, version.bytes)?;
                         if bytes_max.is_some_and(|bytes_max| end - start > bytes_max) {
-                            return Ok(Through::Sized(end - start));
+                            return Ok(Through::Sized(Oversized {
+                                bytes: version.bytes,
+                                start,
+                                len: end - start,
+                            }));
                         }
                         if version.bytes <= chunk_bytes || data_covers(range, data.len() as u64) {
                             return Ok(Through::Read(answer(version, 0, data, range)?));
@@ -146,7 +150,11 @@ impl Cache {
         };
         let (start, end) = resolve_range(range, version.bytes)?;
         if bytes_max.is_some_and(|bytes_max| end - start > bytes_max) {
-            return Ok(Through::Sized(end - start));
+            return Ok(Through::Sized(Oversized {
+                bytes: version.bytes,
+                start,
+                len: end - start,
+            }));
         }
         if end - start > ORIGIN_READ_BYTES_MAX {
             return Err(Error::new(
@@ -450,7 +458,7 @@ pub(super) enum Revalidated {
 pub(super) enum Through {
     Read(CacheRead),
     /// Not read: more bytes than the caller has room for.
-    Sized(u64),
+    Sized(Oversized),
     NotFound,
     /// The origin object changed during the read: start over.
     Changed,
