@@ -16,7 +16,9 @@
 //!   for there are unconsumed (and clears it).
 //! - Closing (the connection ends, or its region is freed): the task stops taking entries,
 //!   waits for the reads it took, and only then says it is done, so the region is let go of
-//!   only once no read can land in it.
+//!   only once no read can land in it; it sets the file's `closed` flag and rings the client,
+//!   whose entries not taken will get no completion.
+//! - All the rings of a shard hold at most `LOCAL_RING_READS_PER_SHARD_MAX` reads at once.
 
 use std::future::Future;
 use std::io;
