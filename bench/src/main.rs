@@ -23,6 +23,7 @@ mod local_bench;
 mod memcached;
 mod nginx_bench;
 mod origin_bench;
+mod peers;
 mod plot;
 mod policy_bench;
 mod python_bench;
