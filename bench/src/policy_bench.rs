@@ -15,7 +15,8 @@ use crate::trace::{self, Request, TraceFormat};
 pub struct TraceArgs {
     /// The trace file (gzip-compressed or not).
     file: PathBuf,
-    /// oracle-general (libCacheSim's binary), text (one key per line) or csv (key,size).
+    /// oracle-general (libCacheSim's binary), text (one key per line), csv (key,size) or arc (the
+    /// ARC paper's `.lis` traces: runs of blocks).
     #[arg(long)]
     format: TraceFormat,
     /// Cache sizes, comma-separated: bytes with a unit (128MiB, 1GiB, 512KiB, 4096B) or plain

@@ -4,6 +4,8 @@
 //!   `{u32 timestamp; u64 object id; u32 object size; i64 next access (virtual time)}`.
 //! - `text`: one key per line; lines starting with `*` are markers (LIRS traces) and skipped.
 //! - `csv`: `key,size` per line; a first line whose size is not a number is a header.
+//! - `arc`: the ARC paper's traces (`.lis`, as published with it): `start count ...` per line,
+//!   a request for each of the `count` blocks from `start` on, one unit each.
 //!
 //! Any of them may be gzip-compressed (recognised by its magic bytes, not its name). Keys that are
 //! not integers are hashed into a `u64`; text keys carry no size, so each request counts one byte
@@ -24,6 +26,11 @@ const ORACLE_GENERAL_ID_OFFSET: usize = 4;
 const ORACLE_GENERAL_SIZE_OFFSET: usize = ORACLE_GENERAL_ID_OFFSET + 8;
 /// gzip's first two bytes (RFC 1952).
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// A zstd frame's first four bytes (RFC 8878): read but not decompressed here.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+/// Most blocks one line of an `arc` trace may ask for (the published traces ask for at most a
+/// few hundred); a longer run is refused rather than expanded.
+const ARC_BLOCKS_PER_LINE_MAX: u64 = 1 << 20;
 /// The size a request of a format without sizes counts.
 const TEXT_REQUEST_BYTES: u64 = 1;
 
@@ -33,6 +40,7 @@ pub enum TraceFormat {
     OracleGeneral,
     Text,
     Csv,
+    Arc,
 }
 
 impl FromStr for TraceFormat {
@@ -43,8 +51,9 @@ impl FromStr for TraceFormat {
             "oracle-general" => Ok(TraceFormat::OracleGeneral),
             "text" => Ok(TraceFormat::Text),
             "csv" => Ok(TraceFormat::Csv),
+            "arc" => Ok(TraceFormat::Arc),
             other => Err(format!(
-                "unknown trace format {other:?} (known: oracle-general, text, csv)"
+                "unknown trace format {other:?} (known: oracle-general, text, csv, arc)"
             )),
         }
     }
@@ -80,10 +89,16 @@ impl Trace {
 pub fn read(path: &Path, format: TraceFormat) -> Result<Trace, String> {
     let file = File::open(path).map_err(|error| format!("{}: {error}", path.display()))?;
     let mut reader = BufReader::new(file);
-    let compressed = reader
+    let start = reader
         .fill_buf()
-        .map_err(|error| format!("{}: {error}", path.display()))?
-        .starts_with(&GZIP_MAGIC);
+        .map_err(|error| format!("{}: {error}", path.display()))?;
+    if start.starts_with(&ZSTD_MAGIC) {
+        return Err(format!(
+            "{}: zstd-compressed; decompress it first (zstd -d)",
+            path.display()
+        ));
+    }
+    let compressed = start.starts_with(&GZIP_MAGIC);
     let reader: Box<dyn BufRead> = if compressed {
         Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(reader)))
     } else {
@@ -93,6 +108,7 @@ pub fn read(path: &Path, format: TraceFormat) -> Result<Trace, String> {
         TraceFormat::OracleGeneral => read_oracle_general(reader),
         TraceFormat::Text => read_text(reader),
         TraceFormat::Csv => read_csv(reader),
+        TraceFormat::Arc => read_arc(reader),
     }
     .map_err(|error| format!("{}: {error}", path.display()))?;
     Ok(Trace { requests })
@@ -157,6 +173,35 @@ fn read_csv(reader: impl BufRead) -> Result<Vec<Request>, String> {
             key: parse_key(key.trim()),
             size_bytes,
         });
+    }
+    Ok(requests)
+}
+
+fn read_arc(reader: impl BufRead) -> Result<Vec<Request>, String> {
+    let mut requests = Vec::new();
+    for (number, line) in reader.lines().enumerate() {
+        let line = line.map_err(|error| error.to_string())?;
+        let mut fields = line.split_whitespace();
+        let Some(start) = fields.next() else {
+            continue;
+        };
+        let parse = |field: Option<&str>, what: &str| {
+            field
+                .and_then(|text| text.parse::<u64>().ok())
+                .ok_or_else(|| format!("line {}: expected start count ...: bad {what}", number + 1))
+        };
+        let start = parse(Some(start), "start")?;
+        let count = parse(fields.next(), "count")?;
+        if count > ARC_BLOCKS_PER_LINE_MAX || start.checked_add(count).is_none() {
+            return Err(format!(
+                "line {}: {count} blocks from {start} (at most {ARC_BLOCKS_PER_LINE_MAX} per line)",
+                number + 1
+            ));
+        }
+        requests.extend((start..start + count).map(|key| Request {
+            key,
+            size_bytes: TEXT_REQUEST_BYTES,
+        }));
     }
     Ok(requests)
 }
@@ -229,6 +274,46 @@ mod tests {
             assert_ne!(keys[2], parse_key("object/b"));
             assert_eq!(trace.distinct_objects(), 3);
         }
+    }
+
+    #[test]
+    fn reads_arc_runs_of_blocks_and_refuses_zstd_and_huge_runs() {
+        let trace = read(
+            &scratch(
+                "a.lis",
+                b"10 3 0 1
+
+4 1 0 2
+",
+            ),
+            TraceFormat::Arc,
+        )
+        .expect("read");
+        let keys: Vec<u64> = trace.requests.iter().map(|request| request.key).collect();
+        assert_eq!(keys, [10, 11, 12, 4]);
+        assert!(read(
+            &scratch(
+                "b.lis",
+                b"10 x 0 1
+"
+            ),
+            TraceFormat::Arc
+        )
+        .is_err());
+        assert!(read(
+            &scratch(
+                "c.lis",
+                b"0 99999999999 0 1
+"
+            ),
+            TraceFormat::Arc
+        )
+        .is_err());
+        let zstd = read(
+            &scratch("d.lis.zst", &[0x28, 0xb5, 0x2f, 0xfd, 0]),
+            TraceFormat::Arc,
+        );
+        assert!(zstd.is_err_and(|error| error.contains("zstd -d")));
     }
 
     #[test]
