@@ -351,11 +351,18 @@ fn a_client_killed_with_reads_in_flight_frees_its_ring() {
     });
     child.kill().unwrap();
     child.wait().unwrap();
-    eventually("the dead client's ring and region freed", || {
-        server.metric("hydrant_local_rings") == 0 && server.metric("hydrant_local_regions") == 0
-    });
-    assert_eq!(server.metric("hydrant_local_ring_reads_in_flight"), 0);
-    assert_eq!(server.metric("hydrant_local_connections"), 0);
+    // The connection's teardown lowers these gauges one after another (its rings, then its
+    // regions, then the connection itself): each must reach zero, none is read at an instant
+    // between two of them.
+    eventually(
+        "the dead client's ring, reads, region and connection freed",
+        || {
+            server.metric("hydrant_local_rings") == 0
+                && server.metric("hydrant_local_ring_reads_in_flight") == 0
+                && server.metric("hydrant_local_regions") == 0
+                && server.metric("hydrant_local_connections") == 0
+        },
+    );
     // The server serves the next client, ring and all.
     let mut client = LocalClient::connect(socket_of(&scratch)).unwrap();
     let region = client.allocate(SLOT_BYTES).unwrap();
