@@ -38,9 +38,9 @@ pub(crate) struct Entry {
     next: u32,
     /// The queue this entry is linked into.
     pub(crate) queue: QueueId,
-    /// SIEVE's visited bit.
+    /// SIEVE's visited bit (hydrant's policy: read again while in its window).
     pub(crate) visited: bool,
-    /// S3-FIFO's small access counter (0 to 3).
+    /// S3-FIFO's small access counter (0 to 3), and that of hydrant's main queue.
     pub(crate) frequency: u8,
 }
 
@@ -281,6 +281,20 @@ impl Table {
         Some(slot)
     }
 
+    /// SIEVE's hand with a counter for a bit (the main queue of S3-FIFO, as a hand instead of
+    /// reinsertion): the hand moves as in [`Table::sieve_victim`], takes one from the
+    /// `frequency` of each entry it passes, and stops at the first whose count is 0.
+    pub(crate) fn counted_victim(&mut self, queue: QueueId) -> Option<u32> {
+        let tail = self.tail(queue)?;
+        let mut slot = some_slot(self.hands[usize::from(queue)]).unwrap_or(tail);
+        while self.entries[slot as usize].frequency > 0 {
+            self.entries[slot as usize].frequency -= 1;
+            slot = self.previous(slot).unwrap_or(tail);
+        }
+        self.hands[usize::from(queue)] = slot;
+        Some(slot)
+    }
+
     /// Moves an entry into the pinned queue, out of every eviction's reach. Returns false when it
     /// was pinned already.
     pub(crate) fn pin(&mut self, slot: u32) -> bool {
@@ -448,5 +462,27 @@ mod tests {
         table.release(slots[1]);
         // From 2's place the hand moves on to 3, not back to the tail.
         assert_eq!(table.sieve_victim(0), Some(slots[2]));
+    }
+
+    #[test]
+    fn the_counted_hand_passes_an_entry_as_often_as_its_count() {
+        let mut table = Table::new(Capacity::Objects(10));
+        let slots: Vec<u32> = (1..=2)
+            .map(|key| {
+                let slot = table.allocate(key, 1);
+                table.push_head(0, slot);
+                slot
+            })
+            .collect();
+        table.entry_mut(slots[0]).frequency = 2;
+        // From the tail: 1 (2 → 1), 2 (0) stops the hand.
+        assert_eq!(table.counted_victim(0), Some(slots[1]));
+        assert_eq!(table.entry(slots[0]).frequency, 1);
+        // A hit on the entry under the hand: it is passed (1 → 0), and so is 1 (1 → 0) after the
+        // wrap to the tail; then 2 is at 0.
+        table.entry_mut(slots[1]).frequency = 1;
+        assert_eq!(table.counted_victim(0), Some(slots[1]));
+        assert_eq!(table.entry(slots[0]).frequency, 0);
+        assert_eq!(table.counted_victim(0), Some(slots[1]));
     }
 }

@@ -79,20 +79,20 @@ fn hydrant_resists_a_scan() {
 
 #[test]
 fn hydrant_rejects_a_newcomer_that_loses_the_duel_without_reporting_it() {
-    // 50 objects of 2,000 bytes fill 100,000 bytes; the window's share is 1% (1,000 bytes), so a
-    // newcomer of 1,500 bytes is its own candidate at once, and it has been seen once against
-    // victims seen five times.
+    // 5 objects of 20,000 bytes fill 100,000 bytes; the window's share is 10% (10,000 bytes), so
+    // each of them went on to the main queue at once, and a newcomer of 15,000 bytes is its own
+    // candidate at once, seen once against victims seen five times.
     let mut hydrant = TinyLfuSieve::new(Capacity::Bytes(100_000));
     let mut evicted = Vec::new();
     for _ in 0..5 {
-        for key in 0..50 {
-            hydrant.access(key, 2_000, &mut evicted);
+        for key in 0..5 {
+            hydrant.access(key, 20_000, &mut evicted);
         }
     }
     assert!(evicted.is_empty());
     for key in 1_000..1_100 {
         assert_eq!(
-            hydrant.access(key, 1_500, &mut evicted),
+            hydrant.access(key, 15_000, &mut evicted),
             Access::MissRejected
         );
         assert!(!hydrant.contains(key));
@@ -113,9 +113,13 @@ fn hydrant_keeps_frequent_objects_through_a_stream_of_one_time_keys() {
     for key in 1_000..1_100 {
         hydrant.access(key, 1, &mut evicted);
     }
+    // The window (10% of the cache) makes room for the newest keys; every frequent key beyond
+    // that room stays, and none of the one-time keys reaches the main queue.
     let kept = (0..100).filter(|&key| hydrant.contains(key)).count();
-    assert!(kept >= 97, "{kept} of 100 frequent keys kept");
-    assert!(evicted.iter().filter(|&&key| key < 100).count() <= 3);
+    assert!(kept >= 87, "{kept} of 100 frequent keys kept");
+    assert!(evicted.iter().filter(|&&key| key < 100).count() <= 13);
+    let one_time_kept = (1_000..1_100).filter(|&key| hydrant.contains(key)).count();
+    assert!(one_time_kept <= 13, "{one_time_kept} one-time keys kept");
 }
 
 #[test]
@@ -157,7 +161,8 @@ fn hydrant_grows_its_window_when_recency_pays() {
 
 #[test]
 fn hydrant_keeps_part_of_a_loop_larger_than_the_cache() {
-    // LRU and FIFO hit nothing on a loop one and a half times their size.
+    // LRU and FIFO hit nothing on a loop one and a half times their size; the best any cache
+    // can do is 66% (Belady's).
     let mut hydrant = TinyLfuSieve::new(Capacity::Objects(100));
     let mut evicted = Vec::new();
     let mut hits = 0;
@@ -166,7 +171,7 @@ fn hydrant_keeps_part_of_a_loop_larger_than_the_cache() {
         hits += u64::from(hydrant.access(request % 150, 1, &mut evicted).is_hit());
     }
     assert!(
-        hits * 100 / requests >= 50,
+        hits * 100 / requests >= 40,
         "hit ratio {}%",
         hits * 100 / requests
     );

@@ -3,15 +3,23 @@
 //!
 //! New objects enter a small LRU window. When the window holds more than its share, its oldest
 //! object (the candidate) asks to join the main queue; if the main queue has no room, the
-//! candidate competes with the object SIEVE would evict (the victim), and whichever the frequency
-//! sketch has seen more often stays. The window lets a burst of new objects prove themselves
-//! before frequency judges them (recency), the sketch keeps one-hit wonders and scans from
-//! flushing the main queue (frequency), and SIEVE keeps hits cheap (a bit set, nothing moved).
+//! candidate competes with the object the main queue's hand would evict (the victim). A
+//! candidate that was read again while in the window joins without a duel (S3-FIFO's rule for
+//! its small queue: two reads close together are evidence enough); any other candidate stays
+//! only if the frequency sketch has seen it more often than the victim. The window lets a burst
+//! of new objects prove themselves before frequency judges them (recency), the sketch keeps
+//! one-hit wonders and scans from flushing the main queue (frequency), and the hand keeps hits
+//! cheap: a hit in the main queue raises a small counter (to 3), nothing moves, and the hand
+//! takes one from each count it passes (SIEVE with S3-FIFO's counter for its bit).
 //!
-//! A candidate that loses its duel is remembered in a ghost (keys only). If it is requested again
-//! while remembered, and the sketch now rates it above the victim, it skips the window and enters
-//! the main queue visited: an object that comes back soon after losing was not a one-hit wonder,
-//! and making it prove itself in the window a second time costs a miss each time round.
+//! A candidate that loses its duel is remembered in a ghost (keys only, up to 90% of the
+//! capacity, S3-FIFO's ghost). If it is requested again while remembered it skips the window
+//! and enters the main queue: an object that comes back soon after losing was not a one-hit
+//! wonder, and making it prove itself in the window a second time costs a miss each time round.
+//!
+//! The sketch's counts are halved once when the cache first evicts: while it filled, every
+//! object was admitted, and counts gathered then would otherwise outweigh the workload that
+//! follows for a whole aging period (on a trace shorter than that period, for its whole length).
 //!
 //! No fixed window suits every workload: a loop or a scan wants almost none, a burst of recency
 //! wants a large one. The window's share follows shadow caches that try several shares on the
@@ -23,20 +31,23 @@ use super::ghost::Ghost;
 use super::random::Random;
 use super::sketch::FrequencySketch;
 use super::table::{QueueId, Table, PINNED};
-use super::window_chooser::{WindowChooser, WINDOW_PERCENTS};
+use super::window_chooser::{WindowChooser, WINDOW_PERCENT_INITIAL};
 use super::{Access, Capacity, EvictionPolicy};
 
 const WINDOW: QueueId = 0;
 const MAIN: QueueId = 1;
+
+/// The main queue's counter ceiling: a hit adds one, the hand takes one as it passes.
+const MAIN_FREQUENCY_MAX: u8 = 3;
 
 /// A candidate seen at least this often is warm: it may win against a victim at least as frequent,
 /// with probability 1 / `WARM_ADMIT_ONE_IN`.
 const WARM_FREQUENCY_MIN: u8 = 6;
 const WARM_ADMIT_ONE_IN: u64 = 128;
 /// The ghost of candidates that lost their duel remembers this share of the capacity, in
-/// percent: a loser that returns within about half a cache's worth of losers is admitted on
-/// frequency alone.
-const GHOST_PERCENT: u64 = 50;
+/// percent: a loser that returns within about a main queue's worth of losers joins the main
+/// queue at once.
+const GHOST_PERCENT: u64 = 90;
 /// The population a byte-sized cache's sketch starts from; it grows with the cache.
 const BYTE_CACHE_EXPECTED_OBJECTS_INITIAL: u64 = 1024;
 /// The seed of [`TinyLfuSieve::new`]; [`TinyLfuSieve::with_seed`] picks another.
@@ -70,7 +81,7 @@ impl TinyLfuSieve {
 
     fn build(capacity: Capacity, seed: u64, sample_one_in_min: u64) -> TinyLfuSieve {
         TinyLfuSieve {
-            cache: WindowedCache::new(capacity, seed, WINDOW_PERCENTS[0]),
+            cache: WindowedCache::new(capacity, seed, WINDOW_PERCENT_INITIAL),
             chooser: WindowChooser::new(capacity, seed, sample_one_in_min),
             shadow_evicted: Vec::new(),
         }
@@ -139,36 +150,33 @@ impl WindowedCache {
         self.window_target = self.table.capacity_units() * window_percent / 100;
     }
 
-    /// A read: a hit marks the object, a miss admits it into the window, or into the main queue
-    /// if it lost a duel lately and is now more frequent than the victim.
+    /// A read: a hit marks the object (in the window) or counts it (in the main queue); a miss
+    /// admits it into the window, or into the main queue if it lost a duel lately.
     pub(crate) fn access(&mut self, key: u64, size_bytes: u64, evicted: &mut Vec<u64>) -> Access {
         self.sketch.increment(key);
         match self.table.find(key) {
             Some(slot) => {
                 match self.table.entry(slot).queue {
-                    WINDOW => self.table.move_to_head(WINDOW, slot),
-                    MAIN => self.table.entry_mut(slot).visited = true,
+                    WINDOW => {
+                        self.table.move_to_head(WINDOW, slot);
+                        self.table.entry_mut(slot).visited = true;
+                    }
+                    MAIN => {
+                        let entry = self.table.entry_mut(slot);
+                        entry.frequency = (entry.frequency + 1).min(MAIN_FREQUENCY_MAX);
+                    }
                     _ => {}
                 }
                 Access::Hit
             }
             None => {
-                let queue = if self.ghost.remove(key).is_some() && self.returns_to_main(key) {
+                let queue = if self.ghost.remove(key).is_some() {
                     MAIN
                 } else {
                     WINDOW
                 };
                 self.admit(key, size_bytes, queue, evicted)
             }
-        }
-    }
-
-    /// Whether a loser back from the ghost is now more frequent than the main queue's victim.
-    fn returns_to_main(&mut self, key: u64) -> bool {
-        let frequency = self.sketch.frequency(key);
-        match self.table.sieve_victim(MAIN) {
-            Some(victim) => frequency > self.sketch.frequency(self.table.entry(victim).key),
-            None => true,
         }
     }
 
@@ -187,8 +195,10 @@ impl WindowedCache {
         let slot = self.table.allocate(key, size_bytes);
         self.table.push_head(queue, slot);
         // An object that skips the window (a write, or a loser back from the ghost) starts
-        // visited, so that the hand passes it on its first lap like any object just used.
-        self.table.entry_mut(slot).visited = queue == MAIN;
+        // counted once, so that the hand passes it on its first lap like any object just used.
+        let entry = self.table.entry_mut(slot);
+        entry.visited = false;
+        entry.frequency = u8::from(queue == MAIN);
         if let Capacity::Bytes(_) = self.table.capacity() {
             self.sketch.ensure_capacity(self.table.len() as u64);
         }
@@ -215,11 +225,11 @@ impl WindowedCache {
                 None
             };
             match (candidate, over_capacity) {
-                (Some(candidate), false) => self.table.move_to_head(MAIN, candidate),
+                (Some(candidate), false) => self.enter_main(candidate),
                 (Some(candidate), true) => {
                     // A write that entered the main queue directly is never the victim: it was
                     // stored without a duel.
-                    let loser = match self.table.sieve_victim(MAIN) {
+                    let loser = match self.table.counted_victim(MAIN) {
                         Some(victim)
                             if self.table.entry(victim).key != new_key
                                 && self.admits(candidate, victim) =>
@@ -238,7 +248,7 @@ impl WindowedCache {
                 (None, true) => {
                     // The window is within its share, so the main queue is over its own; the
                     // window gives way only for a write that entered the main queue directly.
-                    let victim = match self.table.sieve_victim(MAIN) {
+                    let victim = match self.table.counted_victim(MAIN) {
                         Some(victim) if self.table.entry(victim).key != new_key => Some(victim),
                         main_victim => self.table.tail(WINDOW).or(main_victim),
                     }
@@ -250,9 +260,22 @@ impl WindowedCache {
         }
     }
 
+    /// Moves the window's candidate into the main queue. A read while in the window counts as a
+    /// hit there, so that the hand passes such a candidate once, like an object just used.
+    fn enter_main(&mut self, candidate: u32) {
+        self.table.move_to_head(MAIN, candidate);
+        let entry = self.table.entry_mut(candidate);
+        entry.frequency = u8::from(entry.visited);
+        entry.visited = false;
+    }
+
     /// Evicts `slot`; returns false if it was `new_key`, which is then not reported.
     fn evict(&mut self, slot: u32, new_key: u64, evicted: &mut Vec<u64>) -> bool {
-        self.has_evicted = true;
+        if !self.has_evicted {
+            // The fill ends: its counts are halved as at the end of an aging period.
+            self.sketch.age();
+            self.has_evicted = true;
+        }
         if self.table.entry(slot).key == new_key {
             self.table.unlink(slot);
             self.table.release(slot);
@@ -262,8 +285,12 @@ impl WindowedCache {
         true
     }
 
-    /// TinyLFU's duel: whether the window's candidate should displace the main queue's victim.
+    /// TinyLFU's duel: whether the window's candidate should displace the main queue's victim. A
+    /// candidate read again while in the window wins it outright.
     fn admits(&mut self, candidate: u32, victim: u32) -> bool {
+        if self.table.entry(candidate).visited {
+            return true;
+        }
         let candidate_frequency = self.sketch.frequency(self.table.entry(candidate).key);
         let victim_frequency = self.sketch.frequency(self.table.entry(victim).key);
         if candidate_frequency > victim_frequency {
@@ -344,8 +371,8 @@ mod tests {
             .map(|slot| cache.table.entry(slot).queue)
     }
 
-    /// Pushes `key` out of a full cache of once-seen objects with a window of 10: it loses its
-    /// duel (a tie) and goes to the ghost.
+    /// Pushes `key` out of a full cache of often-seen objects with a window of 10: it loses its
+    /// duel and goes to the ghost.
     fn lose_duel(cache: &mut WindowedCache, key: u64, next_new_key: &mut u64) {
         let mut evicted = Vec::new();
         cache.access(key, 1, &mut evicted);
@@ -360,21 +387,24 @@ mod tests {
     fn a_loser_back_from_the_ghost_skips_the_window_and_one_long_gone_does_not() {
         let mut cache = WindowedCache::new(Capacity::Objects(100), 1, 10);
         let mut evicted = Vec::new();
-        for key in 0..100 {
-            cache.access(key, 1, &mut evicted);
+        // Seen three times, so that the residents still count once after the sketch is halved
+        // at the first eviction.
+        for _ in 0..3 {
+            for key in 0..100 {
+                cache.access(key, 1, &mut evicted);
+            }
         }
         let mut next_new_key = 10_000;
         lose_duel(&mut cache, 1_000, &mut next_new_key);
-        // Back soon, and now seen twice against victims seen once: straight into the main
-        // queue, visited.
+        // Back soon: straight into the main queue, counted once.
         cache.access(1_000, 1, &mut evicted);
         assert_eq!(queue_of(&cache, 1_000), Some(MAIN));
         let slot = cache.table.find(1_000).expect("resident");
-        assert!(cache.table.entry(slot).visited);
+        assert_eq!(cache.table.entry(slot).frequency, 1);
 
         lose_duel(&mut cache, 2_000, &mut next_new_key);
-        // A hundred losers later the ghost (50 objects) has forgotten it: the window again.
-        for _ in 0..10 {
+        // Two hundred losers later the ghost (90 objects) has forgotten it: the window again.
+        for _ in 0..20 {
             lose_duel(&mut cache, next_new_key + 1_000_000, &mut next_new_key);
         }
         cache.access(2_000, 1, &mut evicted);

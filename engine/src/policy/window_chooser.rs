@@ -18,8 +18,11 @@ use super::tiny_lfu_sieve::WindowedCache;
 use super::Capacity;
 
 /// The window shares the shadows try, in percent of the capacity. The smallest is W-TinyLFU's
-/// 1%, which the real cache starts with; the largest leaves a tenth of the cache to frequency.
+/// 1%; the largest leaves a tenth of the cache to frequency.
 pub(crate) const WINDOW_PERCENTS: [u64; 5] = [1, 10, 35, 65, 90];
+/// The share the real cache starts with (one of `WINDOW_PERCENTS`): S3-FIFO's small queue, a
+/// window that already catches a second read soon after the first while the shadows learn.
+pub(crate) const WINDOW_PERCENT_INITIAL: u64 = 10;
 /// A shadow simulates at most about this many objects; a larger cache's shadows sample its keys.
 const SHADOW_OBJECTS_MAX: u64 = 16_384;
 /// A byte-sized cache's population is unknown when the shadows are sized; assuming objects this
@@ -37,7 +40,7 @@ const SCORE_DECAY: f64 = 0.9;
 /// the current window: a move costs the real cache the misses of refilling its queues, which the
 /// shadows, whose windows never move, do not see (on cloudPhysicsIO, moving on any lead made the
 /// real cache worse than staying).
-const SWITCH_MARGIN: f64 = 0.05;
+const SWITCH_MARGIN: f64 = 0.02;
 
 struct Shadow {
     cache: WindowedCache,
