@@ -271,24 +271,31 @@ impl Table {
     /// on that entry; evicting it moves the hand on. Amortised O(1): each step clears a bit that
     /// a hit had to set.
     pub(crate) fn sieve_victim(&mut self, queue: QueueId) -> Option<u32> {
-        let tail = self.tail(queue)?;
-        let mut slot = some_slot(self.hands[usize::from(queue)]).unwrap_or(tail);
-        while self.entries[slot as usize].visited {
-            self.entries[slot as usize].visited = false;
-            slot = self.previous(slot).unwrap_or(tail);
-        }
-        self.hands[usize::from(queue)] = slot;
-        Some(slot)
+        self.hand_victim(queue, |entry| std::mem::take(&mut entry.visited))
     }
 
     /// SIEVE's hand with a counter for a bit (the main queue of S3-FIFO, as a hand instead of
     /// reinsertion): the hand moves as in [`Table::sieve_victim`], takes one from the
     /// `frequency` of each entry it passes, and stops at the first whose count is 0.
     pub(crate) fn counted_victim(&mut self, queue: QueueId) -> Option<u32> {
+        self.hand_victim(queue, |entry| {
+            let counted = entry.frequency > 0;
+            entry.frequency = entry.frequency.saturating_sub(1);
+            counted
+        })
+    }
+
+    /// The hand of `queue` moves from where it rests toward the head (wrapping to the tail) while
+    /// `passes` spares the entry under it (and spends what spared it), and rests on the first
+    /// entry it does not spare.
+    fn hand_victim(
+        &mut self,
+        queue: QueueId,
+        mut passes: impl FnMut(&mut Entry) -> bool,
+    ) -> Option<u32> {
         let tail = self.tail(queue)?;
         let mut slot = some_slot(self.hands[usize::from(queue)]).unwrap_or(tail);
-        while self.entries[slot as usize].frequency > 0 {
-            self.entries[slot as usize].frequency -= 1;
+        while passes(&mut self.entries[slot as usize]) {
             slot = self.previous(slot).unwrap_or(tail);
         }
         self.hands[usize::from(queue)] = slot;

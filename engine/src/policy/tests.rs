@@ -114,7 +114,8 @@ fn hydrant_keeps_frequent_objects_through_a_stream_of_one_time_keys() {
         hydrant.access(key, 1, &mut evicted);
     }
     // The window (10% of the cache) makes room for the newest keys; every frequent key beyond
-    // that room stays, and none of the one-time keys reaches the main queue.
+    // that room stays, and of the one-time keys no more than the window's share stay, give or
+    // take the few whose counts the sketch overestimates.
     let kept = (0..100).filter(|&key| hydrant.contains(key)).count();
     assert!(kept >= 87, "{kept} of 100 frequent keys kept");
     assert!(evicted.iter().filter(|&&key| key < 100).count() <= 13);

@@ -196,9 +196,7 @@ impl WindowedCache {
         self.table.push_head(queue, slot);
         // An object that skips the window (a write, or a loser back from the ghost) starts
         // counted once, so that the hand passes it on its first lap like any object just used.
-        let entry = self.table.entry_mut(slot);
-        entry.visited = false;
-        entry.frequency = u8::from(queue == MAIN);
+        self.table.entry_mut(slot).frequency = u8::from(queue == MAIN);
         if let Capacity::Bytes(_) = self.table.capacity() {
             self.sketch.ensure_capacity(self.table.len() as u64);
         }

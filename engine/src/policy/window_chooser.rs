@@ -20,9 +20,10 @@ use super::Capacity;
 /// The window shares the shadows try, in percent of the capacity. The smallest is W-TinyLFU's
 /// 1%; the largest leaves a tenth of the cache to frequency.
 pub(crate) const WINDOW_PERCENTS: [u64; 5] = [1, 10, 35, 65, 90];
-/// The share the real cache starts with (one of `WINDOW_PERCENTS`): S3-FIFO's small queue, a
-/// window that already catches a second read soon after the first while the shadows learn.
-pub(crate) const WINDOW_PERCENT_INITIAL: u64 = 10;
+/// The share the real cache starts with (10%, S3-FIFO's small queue): a window that already
+/// catches a second read soon after the first while the shadows learn. One of the shadows'
+/// shares, so that the chooser can compare against it.
+pub(crate) const WINDOW_PERCENT_INITIAL: u64 = WINDOW_PERCENTS[1];
 /// A shadow simulates at most about this many objects; a larger cache's shadows sample its keys.
 const SHADOW_OBJECTS_MAX: u64 = 16_384;
 /// A byte-sized cache's population is unknown when the shadows are sized; assuming objects this
