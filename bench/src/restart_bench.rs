@@ -148,6 +148,7 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         .iter()
         .map(|shard| (shard.regions - shard.regions_free) * shard.region_bytes)
         .sum();
+    gets_during_checkpoints(&engine, objects, args.rounds)?;
     // A checkpoint taken while the engine runs, to see its size and pause.
     let taking = Instant::now();
     block_on(engine.on_shard(0, |cache| async move { cache.store().checkpoint().await }))
@@ -244,6 +245,107 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
             fio / checkpoint
         );
     }
+    Ok(())
+}
+
+/// GETs of random objects from one reader while the shard takes a checkpoint, against the same
+/// reader for as long right after without one, `rounds` times alternated: what a checkpoint costs
+/// the readers (its longest stall shows as the max).
+fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Result<(), String> {
+    use crate::harness::latency::Latencies;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let reading = |until: &dyn Fn() -> bool, seed: u64| -> Result<(Latencies, u64), String> {
+        let mut latencies = Latencies::new();
+        let mut random = seed;
+        let mut gets = 0;
+        while !until() {
+            // SplitMix64 steps: random keys, the same for the same seed.
+            random = random.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut mixed = random;
+            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let index = ((mixed ^ (mixed >> 31)) % objects as u64) as usize;
+            let key = dataset_object_key(index);
+            let started = Instant::now();
+            let found = block_on(engine.get("datasets", key.key(), None)).map_err(engine_error)?;
+            latencies.record(started.elapsed());
+            if found.is_none() {
+                return Err(format!("object {index} was not found"));
+            }
+            gets += 1;
+        }
+        Ok((latencies, gets))
+    };
+    println!("| GETs, one reader | round | GETs | p50 us | p99 us | p99.9 us | max us | shard's pause ms | longest step ms |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut maxima: [Vec<f64>; 2] = Default::default();
+    for round in 1..=rounds {
+        let done = AtomicBool::new(false);
+        let started = Instant::now();
+        let (taken, during) = std::thread::scope(|scope| {
+            let checkpoint = scope.spawn(|| {
+                let taken = block_on(
+                    engine.on_shard(0, |cache| async move { cache.store().checkpoint().await }),
+                );
+                done.store(true, Ordering::Release);
+                taken
+            });
+            let during = reading(&|| done.load(Ordering::Acquire), round as u64);
+            done.store(true, Ordering::Release);
+            (checkpoint.join(), during)
+        });
+        let lasted = started.elapsed();
+        match taken {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Err("the checkpoint found no room".into()),
+            Ok(Err(error)) => return Err(engine_error(error)),
+            Err(_) => return Err("the checkpoint's thread panicked".into()),
+        }
+        let (during, during_gets) = during?;
+        let stats = block_on(engine.stats()).map_err(engine_error)?;
+        let pause_us: u64 = stats
+            .iter()
+            .map(|shard| shard.counters.checkpoint_pause_us)
+            .sum();
+        let step_us: u64 = stats
+            .iter()
+            .map(|shard| shard.counters.checkpoint_step_max_us)
+            .max()
+            .unwrap_or(0);
+        let quiet_until = Instant::now() + lasted;
+        let (quiet, quiet_gets) = reading(&|| Instant::now() >= quiet_until, 1000 + round as u64)?;
+        for (what, latencies, gets, pause) in [
+            (
+                "while a checkpoint is taken",
+                &during,
+                during_gets,
+                Some((pause_us, step_us)),
+            ),
+            ("as long, without one", &quiet, quiet_gets, None),
+        ] {
+            let summary = latencies.summary();
+            maxima[usize::from(pause.is_none())].push(summary.max);
+            println!(
+                "| {what} | {round} | {gets} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                summary.p50,
+                summary.p99,
+                summary.p99_9,
+                summary.max,
+                pause.map_or(" | ".to_string(), |(pause, step)| format!(
+                    "{:.1} | {:.1}",
+                    pause as f64 / 1000.0,
+                    step as f64 / 1000.0
+                ))
+            );
+        }
+    }
+    let [during, quiet] = &mut maxima;
+    println!(
+        "median longest GET: {:.0} us while a checkpoint is taken, {:.0} us without one",
+        median(during),
+        median(quiet)
+    );
     Ok(())
 }
 

@@ -173,3 +173,115 @@ fn a_damaged_checkpoint_is_detected_and_the_full_scan_used() {
     assert_eq!(block_on(engine.index_image()).unwrap(), scanned);
     check(&engine, &expected);
 }
+
+/// A checkpoint is encoded and written a piece at a time while its shard goes on serving: here
+/// puts, overwrites and deletes all through the key space run beside it, from other threads.
+/// Restarted from that checkpoint and the log after it, the store has exactly the index a full
+/// scan of the same device gives, and every object as last written.
+#[test]
+fn a_checkpoint_written_while_writes_and_deletes_run_matches_a_full_scan() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const OBJECTS: u64 = 5000;
+    let dir = TempDir::new("checkpoint-concurrent");
+    let path = dir.file("data.hyd");
+    // One shard, and no checkpoint but the one taken here.
+    let store_config = |path: &Path, load: bool| {
+        let mut config = config(path, 256 * MIB, 1, 4);
+        config.checkpoints.every_regions = 0;
+        config.checkpoints.on_close = false;
+        config.checkpoints.load = load;
+        config
+    };
+    // Keys of about 900 bytes: a record takes about 1 KiB of the checkpoint, so that its 5,000
+    // records take many pieces and two parts.
+    let key = |index: u64| format!("{}/{index:05}", "k".repeat(890));
+    let engine = Engine::open(store_config(&path, true)).unwrap();
+    let mut expected: Vec<Option<Vec<u8>>> = Vec::new();
+    for index in 0..OBJECTS {
+        let data = pattern(index, (index % 5 * 700) as usize);
+        block_on(engine.put("data", &key(index), data.clone())).unwrap();
+        expected.push(Some(data));
+    }
+    expected.resize(OBJECTS as usize + 1000, None);
+    assert_eq!(expected.len() % 1500, 0);
+
+    // Four threads of changes, each on its own keys (those equal to it modulo 4), so that
+    // together they know what each key ends as.
+    let done = AtomicBool::new(false);
+    let (written, changed) = std::thread::scope(|scope| {
+        let changers: Vec<_> = expected
+            .chunks_mut(1500)
+            .enumerate()
+            .map(|(thread, expected)| {
+                let (done, engine) = (&done, &engine);
+                scope.spawn(move || {
+                    let mut changes = 0u64;
+                    while !done.load(Ordering::Acquire) {
+                        // Keys spread over the thread's range, some of them new.
+                        let offset = (changes * 7919) % 1500;
+                        let index = thread as u64 * 1500 + offset;
+                        if changes.is_multiple_of(3) {
+                            block_on(engine.delete("data", &key(index))).unwrap();
+                            expected[offset as usize] = None;
+                        } else {
+                            let data =
+                                pattern(index + changes * 10_000, (changes % 3 * 500) as usize);
+                            block_on(engine.put("data", &key(index), data.clone())).unwrap();
+                            expected[offset as usize] = Some(data);
+                        }
+                        changes += 1;
+                    }
+                    changes
+                })
+            })
+            .collect();
+        let written =
+            block_on(engine.on_shard(0, |cache| async move { cache.store().checkpoint().await }));
+        done.store(true, Ordering::Release);
+        let changed: u64 = changers
+            .into_iter()
+            .map(|changer| changer.join().unwrap())
+            .sum();
+        (written, changed)
+    });
+    assert!(written.unwrap(), "the checkpoint was written");
+    let stats = block_on(engine.stats()).unwrap();
+    assert!(
+        stats[0].counters.checkpoint_saved_max > 0,
+        "changes ran ahead of the checkpoint's walk ({changed} changes)"
+    );
+    let before = block_on(engine.index_image()).unwrap();
+    engine.close();
+    assert_eq!(
+        checkpoint_parts(&path).len(),
+        2,
+        "a checkpoint of two parts"
+    );
+
+    let copy = path.with_extension("copy");
+    std::fs::copy(&path, &copy).unwrap();
+    let scanning = Engine::open(store_config(&copy, false)).unwrap();
+    let scanned = block_on(scanning.index_image()).unwrap();
+    scanning.close();
+
+    let engine = Engine::open(store_config(&path, true)).unwrap();
+    let stats = block_on(engine.stats()).unwrap();
+    assert_eq!(stats[0].counters.recovered_from_checkpoint, 1);
+    let image = block_on(engine.index_image()).unwrap();
+    assert_eq!(image, scanned, "the checkpoint and the full scan agree");
+    assert_eq!(image, before, "the index as it was before the restart");
+    for (index, data) in expected.iter().enumerate() {
+        let found = block_on(engine.get("data", &key(index as u64), None)).unwrap();
+        match (data, found) {
+            (Some(data), Some((_, found))) => assert!(found == *data, "{index} changed"),
+            (None, None) => {}
+            (data, found) => panic!(
+                "object {index}: expected {:?} bytes, found {:?}",
+                data.as_ref().map(Vec::len),
+                found.map(|(meta, _)| meta.bytes)
+            ),
+        }
+    }
+    engine.close();
+}

@@ -113,7 +113,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 42] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 45] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -305,6 +305,24 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 42] = [
         MetricType::Gauge,
         "Size of the newest index checkpoint written.",
         |stats| stats.counters.checkpoint_bytes,
+    ),
+    (
+        "hydrant_checkpoint_pause_microseconds",
+        MetricType::Gauge,
+        "How long the newest index checkpoint held the shard to begin (its records are encoded and written a piece at a time after).",
+        |stats| stats.counters.checkpoint_pause_us,
+    ),
+    (
+        "hydrant_checkpoint_step_max_microseconds",
+        MetricType::Gauge,
+        "The longest step of the newest index checkpoint (encoding one piece of it), which the shard's readers may wait for.",
+        |stats| stats.counters.checkpoint_step_max_us,
+    ),
+    (
+        "hydrant_checkpoint_saved_records_max",
+        MetricType::Gauge,
+        "Most records changed while a checkpoint was taken and kept as they were for it.",
+        |stats| stats.counters.checkpoint_saved_max,
     ),
     (
         "hydrant_shared_write_bytes",

@@ -203,8 +203,15 @@ pub struct Counters {
     pub checkpoints_skipped: u64,
     /// Size of the newest checkpoint written.
     pub checkpoint_bytes: u64,
-    /// How long the newest checkpoint held the shard's thread while it encoded the index.
+    /// How long the newest checkpoint held the shard's thread to begin (the instant it
+    /// records; its encoding is done a piece at a time after).
     pub checkpoint_pause_us: u64,
+    /// The most records changed during a checkpoint and saved for it as they were (see
+    /// `Index::begin_snapshot`), since the shard opened.
+    pub checkpoint_saved_max: u64,
+    /// The longest step of the newest checkpoint's walk (encoding one piece), which readers of
+    /// the shard may wait for.
+    pub checkpoint_step_max_us: u64,
     /// Bytes of puts written from a same-host client's shared memory.
     pub shared_bytes_written: u64,
     /// Of those, bytes copied into the arena first (a chunk whose start is not aligned for

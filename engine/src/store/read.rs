@@ -225,11 +225,8 @@ impl Store {
     ) -> Result<VersionRead> {
         let record = {
             let mut index = self.index.borrow_mut();
-            match index.get_mut(key) {
-                Some(record) => {
-                    record.flags |= RECORD_FLAG_VISITED;
-                    record.clone()
-                }
+            match index.set_visited(key, true) {
+                Some(record) => record.clone(),
                 None => return Ok(VersionRead::Absent),
             }
         };

@@ -16,7 +16,7 @@ use crate::format::{EntryHeader, EntryKind, RegionHeader, BLOCK_BYTES};
 use crate::rt::op::{read_at, write_at};
 use crate::{Error, ErrorKind, Result};
 
-use super::index::{ObjectKey, RECORD_FLAG_VISITED};
+use super::index::ObjectKey;
 use super::scan::{ScanMode, ScannedEntry};
 use super::Store;
 
@@ -353,9 +353,7 @@ impl Store {
     fn clear_visited(&self, relocated: Vec<ObjectKey>) {
         let mut index = self.index.borrow_mut();
         for key in relocated {
-            if let Some(record) = index.get_mut(&key) {
-                record.flags &= !RECORD_FLAG_VISITED;
-            }
+            index.set_visited(&key, false);
         }
     }
 

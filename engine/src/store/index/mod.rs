@@ -4,9 +4,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::rc::Rc;
 
-use crate::key::split_joined;
+use crate::key::{is_origin_chunk_joined, split_joined};
+
+mod snapshot;
 pub use crate::key::ObjectKey;
 pub use crate::stamp::Stamp;
+use snapshot::Snapshot;
 
 /// Where one chunk's entry lives: a region of this shard and a block within it, plus the
 /// CRC32C of the chunk's first data piece (the whole data for small chunks, which are then read
@@ -182,15 +185,46 @@ type SharedKey = Rc<[u8]>;
 ///   step per key, not a walk of the shard. Engine-private chunk keys are left out of it (LIST
 ///   never shows them), so a page never has to skip them.
 ///
-/// Both hold the same `Rc`, so a key's bytes are stored once.
+/// Both hold the same `Rc`, so a key's bytes are stored once. The chunk keys have an ordered set
+/// of their own (they are few: one per chunk of a large object read through), so that a
+/// checkpoint walks every key in order, a batch at a time (`snapshot.rs`).
 #[derive(Default)]
 pub struct Index {
     objects: HashMap<SharedKey, ObjectRecord, foldhash::fast::RandomState>,
     /// Every key of `objects` that a client can list (no chunk keys), in byte order.
     listed: BTreeSet<SharedKey>,
-    /// Keys of `objects` that are chunk keys: `objects.len() == listed.len() + chunk_keys`.
-    chunk_keys: usize,
+    /// Every chunk key of `objects`, in byte order: `objects.len() == listed.len() + chunks.len()`.
+    chunks: BTreeSet<SharedKey>,
     bytes: u64,
+    totals: Totals,
+    /// The checkpoint being taken, if one is: the index as it was when it began.
+    snapshot: Option<Snapshot>,
+}
+
+/// Sums over the indexed records, kept as they change: with the count, what a checkpoint of
+/// them takes in bytes, known before it is encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// Bytes of the joined keys (bucket, separator, key).
+    pub key_bytes: u64,
+    /// Records with an MD5 tag.
+    pub md5_tags: u64,
+    /// Chunk locations.
+    pub locations: u64,
+}
+
+impl Totals {
+    fn add(&mut self, key: &[u8], record: &ObjectRecord) {
+        self.key_bytes += key.len() as u64;
+        self.md5_tags += u64::from(record.stamp.md5.is_some());
+        self.locations += record.chunks.as_slice().len() as u64;
+    }
+
+    fn remove(&mut self, key: &[u8], record: &ObjectRecord) {
+        self.key_bytes -= key.len() as u64;
+        self.md5_tags -= u64::from(record.stamp.md5.is_some());
+        self.locations -= record.chunks.as_slice().len() as u64;
+    }
 }
 
 impl Index {
@@ -198,8 +232,23 @@ impl Index {
         self.objects.get(key.as_bytes())
     }
 
+    /// The record to change (its flags, a chunk's location); a checkpoint being taken keeps
+    /// the record as it was. Not to change its key's size, tag or chunk count (`Totals`).
     pub fn get_mut(&mut self, key: &ObjectKey) -> Option<&mut ObjectRecord> {
+        self.preserve(key.as_bytes());
         self.objects.get_mut(key.as_bytes())
+    }
+
+    /// Set or clear the version's visited bit (SIEVE's, which checkpoints do not keep), and
+    /// return its record.
+    pub fn set_visited(&mut self, key: &ObjectKey, visited: bool) -> Option<&ObjectRecord> {
+        let record = self.objects.get_mut(key.as_bytes())?;
+        if visited {
+            record.flags |= RECORD_FLAG_VISITED;
+        } else {
+            record.flags &= !RECORD_FLAG_VISITED;
+        }
+        Some(record)
     }
 
     /// An index of `records`, whose keys are distinct (recovery's newest version of each): the
@@ -223,12 +272,13 @@ impl Index {
             foldhash::fast::RandomState::default(),
         );
         let mut listed = Vec::with_capacity(records.len());
-        let (mut chunk_keys, mut bytes) = (0, 0);
+        let mut chunks = Vec::new();
+        let (mut bytes, mut totals) = (0, Totals::default());
         for (shared, record) in records {
-            let chunk = crate::key::is_origin_chunk_joined(&shared);
             bytes += record.bytes;
-            if chunk {
-                chunk_keys += 1;
+            totals.add(&shared, &record);
+            if is_origin_chunk_joined(&shared) {
+                chunks.push(shared.clone());
             } else {
                 listed.push(shared.clone());
             }
@@ -237,12 +287,15 @@ impl Index {
         }
         // Stable: a sorted run (a checkpoint's keys) and a few others merge in one pass.
         listed.sort();
+        chunks.sort();
         let index = Index {
             objects,
             // From sorted keys, BTreeSet's collect builds the tree bottom up.
             listed: listed.into_iter().collect(),
-            chunk_keys,
+            chunks: chunks.into_iter().collect(),
             bytes,
+            totals,
+            snapshot: None,
         };
         index.debug_assert_in_step();
         index
@@ -250,11 +303,18 @@ impl Index {
 
     /// Install `record` unless a newer version is already indexed.
     pub fn install(&mut self, key: ObjectKey, record: ObjectRecord) -> bool {
+        if self
+            .objects
+            .get(key.as_bytes())
+            .is_some_and(|existing| existing.seq >= record.seq)
+        {
+            return false;
+        }
+        self.preserve(key.as_bytes());
+        self.totals.add(key.as_bytes(), &record);
         if let Some(existing) = self.objects.get_mut(key.as_bytes()) {
-            if existing.seq >= record.seq {
-                return false;
-            }
             // A new version of a key already in both views: only the record changes.
+            self.totals.remove(key.as_bytes(), existing);
             self.bytes = self.bytes - existing.bytes + record.bytes;
             *existing = record;
             return true;
@@ -262,12 +322,12 @@ impl Index {
         let chunk = key.is_origin_chunk();
         let shared: SharedKey = Rc::from(key.into_joined());
         self.bytes += record.bytes;
-        if chunk {
-            self.chunk_keys += 1;
+        let added = if chunk {
+            self.chunks.insert(shared.clone())
         } else {
-            let added = self.listed.insert(shared.clone());
-            assert!(added, "a key missing from the map was in the ordered view");
-        }
+            self.listed.insert(shared.clone())
+        };
+        assert!(added, "a key missing from the map was in an ordered view");
         let replaced = self.objects.insert(shared, record);
         assert!(replaced.is_none(), "the key was looked up as missing");
         self.debug_assert_in_step();
@@ -286,17 +346,19 @@ impl Index {
         if !(existing.seq < seq || (inclusive && existing.seq == seq)) {
             return None;
         }
+        self.preserve(key.as_bytes());
         let removed = self.objects.remove(key.as_bytes())?;
         self.bytes -= removed.bytes;
-        if key.is_origin_chunk() {
-            self.chunk_keys -= 1;
+        self.totals.remove(key.as_bytes(), &removed);
+        let was_ordered = if key.is_origin_chunk() {
+            self.chunks.remove(key.as_bytes())
         } else {
-            let was_listed = self.listed.remove(key.as_bytes());
-            assert!(
-                was_listed,
-                "a key in the map was missing from the ordered view"
-            );
-        }
+            self.listed.remove(key.as_bytes())
+        };
+        assert!(
+            was_ordered,
+            "a key in the map was missing from its ordered view"
+        );
         self.debug_assert_in_step();
         Some(removed)
     }
@@ -306,8 +368,8 @@ impl Index {
     fn debug_assert_in_step(&self) {
         debug_assert_eq!(
             self.objects.len(),
-            self.listed.len() + self.chunk_keys,
-            "the hash map and the ordered view disagree"
+            self.listed.len() + self.chunks.len(),
+            "the hash map and the ordered views disagree"
         );
     }
 
@@ -352,16 +414,19 @@ impl Index {
         self.objects.iter().map(|(key, record)| (&key[..], record))
     }
 
-    /// Every (joined key, record): the listed keys in byte order, then the chunk keys: what a
-    /// checkpoint writes, so that loading it needs (almost) no sort.
+    /// Every (joined key, record): the listed keys in byte order, then the chunk keys in byte
+    /// order: the order of a checkpoint's records, so that loading it needs no sort.
+    #[cfg(test)]
     pub(crate) fn records_in_order(&self) -> impl Iterator<Item = (&[u8], &ObjectRecord)> {
-        let listed = self.listed.iter().map(|key| (&key[..], &self.objects[key]));
-        let chunks = self
-            .objects
+        self.listed
             .iter()
-            .filter(|(key, _)| crate::key::is_origin_chunk_joined(key))
-            .map(|(key, record)| (&key[..], record));
-        listed.chain(chunks)
+            .chain(&self.chunks)
+            .map(|key| (&key[..], &self.objects[key]))
+    }
+
+    /// What `Totals` says of every record indexed.
+    pub(crate) fn totals(&self) -> Totals {
+        self.totals
     }
 
     /// (key, seq, bytes) of every dirty object: what recovery hands to write-back.
@@ -504,7 +569,8 @@ mod tests {
         assert_in_step(&built);
         assert_eq!(built.len(), installed.len());
         assert_eq!(built.bytes(), installed.bytes());
-        assert_eq!(built.chunk_keys, installed.chunk_keys);
+        assert_eq!(built.chunks, installed.chunks);
+        assert_eq!(built.totals(), installed.totals());
         for (key, record) in &records {
             assert_eq!(built.get(key), Some(record));
         }
@@ -515,17 +581,21 @@ mod tests {
         }
     }
 
-    /// Both views hold the same keys, sharing one allocation each, and the ordered view holds
-    /// no chunk key.
-    fn assert_in_step(index: &Index) {
+    /// The views hold the same keys, sharing one allocation each, the listed view holds no
+    /// chunk key, and the totals are those of the records.
+    pub(super) fn assert_in_step(index: &Index) {
         let mut chunk_keys = 0;
-        for key in index.objects.keys() {
+        let mut totals = Totals::default();
+        for (key, record) in &index.objects {
+            totals.add(key, record);
             if split_joined(key).1.contains(&0) {
                 chunk_keys += 1;
                 assert!(
                     !index.listed.contains(&**key),
                     "chunk key in the ordered view"
                 );
+                let chunk = index.chunks.get(&**key).expect("chunk key in its view");
+                assert!(Rc::ptr_eq(chunk, key), "the views share the key's bytes");
             } else {
                 let listed = index
                     .listed
@@ -540,8 +610,9 @@ mod tests {
                 "ordered view has a removed key"
             );
         }
-        assert_eq!(index.chunk_keys, chunk_keys);
+        assert_eq!(index.chunks.len(), chunk_keys);
         assert_eq!(index.listed.len() + chunk_keys, index.objects.len());
+        assert_eq!(index.totals, totals);
     }
 
     #[test]
