@@ -34,10 +34,7 @@ use crate::stamp::{Md5Tag, Stamp};
 use crate::{Error, ErrorKind, Result};
 
 use commit::{Commit, CommitStep};
-use index::{
-    Chunks, Index, Location, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY,
-    RECORD_FLAG_VISITED,
-};
+use index::{Chunks, Index, Location, ObjectRecord, RECORD_FLAG_ATTRIBUTES, RECORD_FLAG_DIRTY};
 pub use index::{ObjectKey, ObjectMeta, StoredVersion};
 
 /// The geometry every shard of a store shares (from the superblock).
@@ -497,9 +494,7 @@ impl Store {
     /// Note a read of `key` served elsewhere (the DRAM tier): it sets the visited bit that
     /// reclaim's SIEVE decision reads, as a read of the store would.
     pub fn touch(&self, key: &ObjectKey) {
-        if let Some(record) = self.index.borrow_mut().get_mut(key) {
-            record.flags |= RECORD_FLAG_VISITED;
-        }
+        self.index.borrow_mut().set_visited(key, true);
     }
 
     /// The object's size and version, without reading its data or copying its name.
@@ -514,15 +509,15 @@ impl Store {
 
     /// `version`, and the object marked visited (`touch`), in one lookup.
     pub fn version_touched(&self, key: &ObjectKey) -> Option<StoredVersion> {
-        self.index.borrow_mut().get_mut(key).map(|record| {
-            record.flags |= RECORD_FLAG_VISITED;
-            StoredVersion {
+        self.index
+            .borrow_mut()
+            .set_visited(key, true)
+            .map(|record| StoredVersion {
                 bytes: record.bytes,
                 seq: record.seq,
                 dirty: record.dirty(),
                 stamp: record.stamp.into(),
-            }
-        })
+            })
     }
 
     /// The object's metadata, without reading its data.

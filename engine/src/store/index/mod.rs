@@ -235,7 +235,9 @@ impl Index {
     /// The record to change (its flags, a chunk's location); a checkpoint being taken keeps
     /// the record as it was. Not to change its key's size, tag or chunk count (`Totals`).
     pub fn get_mut(&mut self, key: &ObjectKey) -> Option<&mut ObjectRecord> {
-        self.preserve(key.as_bytes());
+        if self.objects.contains_key(key.as_bytes()) {
+            self.preserve(key.as_bytes());
+        }
         self.objects.get_mut(key.as_bytes())
     }
 

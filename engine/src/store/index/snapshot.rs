@@ -284,7 +284,8 @@ mod tests {
         }
     }
 
-    /// Changes behind the walk save nothing; changes ahead save each key once.
+    /// Changes behind the walk save nothing; changes ahead save each key once; reads, and keys
+    /// looked for and not found, save nothing.
     #[test]
     fn only_keys_ahead_of_the_walk_are_saved_and_each_once() {
         let mut random = Random(7);
@@ -315,6 +316,7 @@ mod tests {
         index.get_mut(&ahead).unwrap().flags ^= 1;
         index.install(key(100), record(100, &mut random));
         index.set_visited(&key(5), true);
+        assert!(index.get_mut(&key(200)).is_none());
         assert_eq!(
             index.snapshot_saved(),
             2,
