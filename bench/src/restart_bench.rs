@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hydrant_engine::device::DeviceConfig;
 use hydrant_engine::rt::block_on;
+use hydrant_engine::store::{Counters, ShardStats};
 use hydrant_engine::{Engine, EngineConfig};
 
 use crate::engine_bench::{dataset_object_key, fill_shard};
@@ -143,33 +144,24 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
         })
     }))
     .map_err(engine_error)?;
+    let loaded_seconds = loading.elapsed().as_secs_f64();
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     let used_bytes: u64 = stats
         .iter()
         .map(|shard| (shard.regions - shard.regions_free) * shard.region_bytes)
         .sum();
-    gets_during_checkpoints(&engine, objects, args.rounds)?;
-    // A checkpoint taken while the engine runs, to see its size and pause.
-    let taking = Instant::now();
-    block_on(engine.on_shard(0, |cache| async move { cache.store().checkpoint().await }))
-        .map_err(engine_error)?;
-    let checkpoint_seconds = taking.elapsed().as_secs_f64();
+    // Checkpoints taken while the engine runs; the last one's size and pause are reported.
+    let checkpoint_seconds = gets_during_checkpoints(&engine, objects, args.rounds)?;
     let stats = block_on(engine.stats()).map_err(engine_error)?;
-    let checkpoint_bytes: u64 = stats
-        .iter()
-        .map(|shard| shard.counters.checkpoint_bytes)
-        .sum();
-    let pause_us: u64 = stats
-        .iter()
-        .map(|shard| shard.counters.checkpoint_pause_us)
-        .sum();
+    let checkpoint_bytes = shard_counter(&stats, |counters| counters.checkpoint_bytes);
+    let pause_us = shard_counter(&stats, |counters| counters.checkpoint_pause_us);
     let closing = Instant::now();
     engine.close();
     let close_seconds = closing.elapsed().as_secs_f64();
     println!(
         "{objects} objects of 4 KiB, one shard, {} MiB of regions in use; loaded in {:.1} s; a checkpoint took {checkpoint_seconds:.2} s (the shard paused {:.1} ms to begin it), close with its checkpoint {close_seconds:.2} s; a checkpoint is {:.1} MiB ({:.0} bytes per object)",
         used_bytes / MIB,
-        loading.elapsed().as_secs_f64(),
+        loaded_seconds,
         pause_us as f64 / 1000.0,
         checkpoint_bytes as f64 / MIB as f64,
         checkpoint_bytes as f64 / objects as f64
@@ -248,10 +240,16 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A counter of the store's one shard.
+fn shard_counter(stats: &[ShardStats], counter: impl Fn(&Counters) -> u64) -> u64 {
+    stats.iter().map(|shard| counter(&shard.counters)).sum()
+}
+
 /// GETs of random objects from one reader while the shard takes a checkpoint, against the same
 /// reader for as long right after without one, `rounds` times alternated: what a checkpoint costs
-/// the readers (its longest stall shows as the max).
-fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Result<(), String> {
+/// the readers (its longest stall shows as the max). Returns the seconds the last checkpoint
+/// took.
+fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Result<f64, String> {
     use crate::harness::latency::Latencies;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -280,6 +278,7 @@ fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Re
     println!("| GETs, one reader | round | GETs | p50 us | p99 us | p99.9 us | max us | shard's pause ms | longest step ms |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut maxima: [Vec<f64>; 2] = Default::default();
+    let mut last_seconds = 0.0;
     for round in 1..=rounds {
         let done = AtomicBool::new(false);
         let started = Instant::now();
@@ -304,15 +303,9 @@ fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Re
         }
         let (during, during_gets) = during?;
         let stats = block_on(engine.stats()).map_err(engine_error)?;
-        let pause_us: u64 = stats
-            .iter()
-            .map(|shard| shard.counters.checkpoint_pause_us)
-            .sum();
-        let step_us: u64 = stats
-            .iter()
-            .map(|shard| shard.counters.checkpoint_step_max_us)
-            .max()
-            .unwrap_or(0);
+        let pause_us = shard_counter(&stats, |counters| counters.checkpoint_pause_us);
+        let step_us = shard_counter(&stats, |counters| counters.checkpoint_step_max_us);
+        last_seconds = lasted.as_secs_f64();
         let quiet_until = Instant::now() + lasted;
         let (quiet, quiet_gets) = reading(&|| Instant::now() >= quiet_until, 1000 + round as u64)?;
         for (what, latencies, gets, pause) in [
@@ -349,7 +342,7 @@ fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Re
         "median longest GET without/with a checkpoint = {:.2}",
         quiet / during
     );
-    Ok(())
+    Ok(last_seconds)
 }
 
 /// Start a process that opens the store, writes round `kill`'s tail objects (its newest region

@@ -431,9 +431,6 @@ impl Store {
                 self.count(|counters| {
                     counters.checkpoint_saved_max = counters.checkpoint_saved_max.max(saved);
                 });
-                if finished {
-                    index.end_snapshot();
-                }
                 step_max_us = step_max_us.max(stepping.elapsed().as_micros() as u64);
             }
             loop {
