@@ -195,6 +195,19 @@ fn validate_fault_match(text: &str) -> Result<(), ConfigError> {
 }
 
 /// Parses a fault rate, the probability in `0..=1` that a request is faulted.
+/// Parses a fault limit: a count of faults, or `none` for no limit.
+pub fn parse_fault_limit(text: &str) -> Result<Option<u64>, ConfigError> {
+    match text.trim() {
+        "none" => Ok(None),
+        count => count.parse().map(Some).map_err(|_| {
+            ConfigError::new(
+                "fault_limit",
+                format!("{text:?} is neither a count nor \"none\""),
+            )
+        }),
+    }
+}
+
 pub fn parse_fault_rate(text: &str) -> Result<f64, ConfigError> {
     let rate: f64 = text
         .trim()
@@ -246,6 +259,9 @@ pub struct Settings {
     /// Only requests whose `METHOD TARGET` (such as `POST /bucket/key?uploadId=...`) contains
     /// this text may be faulted; empty: any request. Default: empty.
     pub fault_match: String,
+    /// How many more faults may be injected; `None` is no limit. Each injected fault lowers it,
+    /// so that a test can ask for exactly N faults. Default: no limit.
+    pub faults_left: Option<u64>,
 }
 
 impl Default for Settings {
@@ -260,6 +276,7 @@ impl Default for Settings {
                 FaultKind::Reset,
             ],
             fault_match: String::new(),
+            faults_left: None,
         }
     }
 }
@@ -292,8 +309,12 @@ impl Settings {
                 character => vec![character],
             })
             .collect();
+        let faults_left = match self.faults_left {
+            Some(left) => left.to_string(),
+            None => "null".to_string(),
+        };
         format!(
-            "{{\"delay_ms\":\"{}\",\"bandwidth_bytes_per_second\":{},\"fault_rate\":{},\"faults\":[{}],\"fault_match\":\"{fault_match}\"}}",
+            "{{\"delay_ms\":\"{}\",\"bandwidth_bytes_per_second\":{},\"fault_rate\":{},\"faults\":[{}],\"fault_match\":\"{fault_match}\",\"faults_left\":{faults_left}}}",
             self.delay,
             self.bandwidth_bytes_per_second,
             self.fault_rate,
@@ -310,6 +331,8 @@ pub struct ConfigUpdate {
     pub fault_rate: Option<f64>,
     pub faults: Option<Vec<FaultKind>>,
     pub fault_match: Option<String>,
+    /// `Some(None)` lifts the limit; `Some(Some(n))` allows `n` more faults.
+    pub fault_limit: Option<Option<u64>>,
 }
 
 impl ConfigUpdate {
@@ -326,11 +349,12 @@ impl ConfigUpdate {
                 "fault_rate" => update.fault_rate = Some(parse_fault_rate(&value)?),
                 "faults" => update.faults = Some(parse_faults(&value)?),
                 "fault_match" => update.fault_match = Some(value),
+                "fault_limit" => update.fault_limit = Some(parse_fault_limit(&value)?),
                 _ => {
                     return Err(ConfigError::new(
                         "query",
                         format!(
-                        "unknown parameter {key:?}; known: delay_ms, bandwidth, fault_rate, faults, fault_match"
+                        "unknown parameter {key:?}; known: delay_ms, bandwidth, fault_rate, faults, fault_match, fault_limit"
                     ),
                     ))
                 }
@@ -355,6 +379,7 @@ impl ConfigUpdate {
                 .fault_match
                 .clone()
                 .unwrap_or_else(|| settings.fault_match.clone()),
+            faults_left: self.fault_limit.unwrap_or(settings.faults_left),
         };
         updated.validate()?;
         Ok(updated)
@@ -505,6 +530,18 @@ mod tests {
         assert!(ConfigUpdate::from_query("speed=fast").is_err());
         assert!(ConfigUpdate::from_query("fault_rate=2").is_err());
         assert!(ConfigUpdate::from_query("faults=%zz").is_err());
+
+        let limited = ConfigUpdate::from_query("fault_limit=6")
+            .unwrap()
+            .apply_to(&settings)
+            .unwrap();
+        assert_eq!(limited.faults_left, Some(6));
+        let unlimited = ConfigUpdate::from_query("fault_limit=none")
+            .unwrap()
+            .apply_to(&limited)
+            .unwrap();
+        assert_eq!(unlimited.faults_left, None);
+        assert!(ConfigUpdate::from_query("fault_limit=-1").is_err());
     }
 
     #[test]
@@ -515,10 +552,11 @@ mod tests {
             fault_rate: 0.5,
             faults: vec![FaultKind::SlowDown, FaultKind::Reset],
             fault_match: "POST /b/\"k\"".to_string(),
+            faults_left: Some(3),
         };
         assert_eq!(
             settings.to_json(),
-            "{\"delay_ms\":\"0-0\",\"bandwidth_bytes_per_second\":1024,\"fault_rate\":0.5,\"faults\":[\"503\",\"reset\"],\"fault_match\":\"POST /b/\\\"k\\\"\"}"
+            "{\"delay_ms\":\"0-0\",\"bandwidth_bytes_per_second\":1024,\"fault_rate\":0.5,\"faults\":[\"503\",\"reset\"],\"fault_match\":\"POST /b/\\\"k\\\"\",\"faults_left\":3}"
         );
     }
 }

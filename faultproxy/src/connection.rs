@@ -197,6 +197,9 @@ impl Session<'_> {
         {
             return None;
         }
+        if !self.shared.take_fault() {
+            return None;
+        }
         let kind = settings.faults[self.random.random_range(0..settings.faults.len())];
         Some(match kind {
             FaultKind::SlowDown => Fault::SlowDown,

@@ -13,7 +13,7 @@ use hydrant_fault_proxy::{
 
 /// An HTTP/1.1 proxy for S3 that adds latency, a bandwidth cap and S3-style faults. Control
 /// endpoint on the same listener: GET /__proxy/stats, POST /__proxy/reset,
-/// GET|PUT /__proxy/config?fault_rate=..&delay_ms=..&bandwidth=..&faults=..
+/// GET|PUT /__proxy/config?fault_rate=..&delay_ms=..&bandwidth=..&faults=..&fault_match=..&fault_limit=..
 #[derive(Parser)]
 #[command(name = "hydrant-fault-proxy", version)]
 struct Arguments {
@@ -41,6 +41,9 @@ struct Arguments {
     /// `POST /bucket/key?uploadId=` (the completions of multipart uploads of one key).
     #[arg(long)]
     fault_match: Option<String>,
+    /// The most faults injected in all; none: no limit.
+    #[arg(long)]
+    fault_limit: Option<u64>,
     /// Seeds the fault and delay draws, so that runs repeat.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
             fault_rate: arguments.fault_rate,
             faults: arguments.faults,
             fault_match: arguments.fault_match.unwrap_or_default(),
+            faults_left: arguments.fault_limit,
         },
         seed: arguments.seed,
         connections_max: arguments.connections_max,

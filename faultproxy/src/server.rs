@@ -41,6 +41,19 @@ impl Shared {
         self.shutting_down.load(Ordering::Acquire)
     }
 
+    /// Takes one fault from the limit, if there is one; false when none is left.
+    pub fn take_fault(&self) -> bool {
+        let mut settings = self.settings.lock().unwrap();
+        match settings.faults_left {
+            None => true,
+            Some(0) => false,
+            Some(left) => {
+                settings.faults_left = Some(left - 1);
+                true
+            }
+        }
+    }
+
     pub fn update_settings(&self, update: &ConfigUpdate) -> Result<Settings, ConfigError> {
         let mut settings = self.settings.lock().unwrap();
         let updated = update.apply_to(&settings)?;

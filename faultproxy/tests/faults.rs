@@ -174,3 +174,32 @@ fn faults_turn_on_and_off_at_run_time() {
     assert_eq!(upstream.request_count(), 2);
     assert_eq!(proxy.stats().method(Method::Get).faulted, 1);
 }
+
+#[test]
+fn a_fault_limit_injects_exactly_that_many_faults_then_forwards() {
+    let upstream = Upstream::start();
+    let proxy = start_proxy(&upstream, |config| {
+        config.settings.fault_rate = 1.0;
+        config.settings.faults = vec![FaultKind::SlowDown];
+        config.settings.faults_left = Some(2);
+    });
+    let mut client = Client::connect(proxy.addr());
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| client.get("/bytes/1").unwrap().status)
+        .collect();
+    assert_eq!(statuses, [503, 503, 200, 200]);
+    assert_eq!(proxy.settings().faults_left, Some(0));
+
+    let answer = client
+        .request("PUT", "/__proxy/config?fault_limit=1", &[])
+        .unwrap();
+    assert!(
+        answer.text().contains("\"faults_left\":1"),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(client.get("/bytes/1").unwrap().status, 503);
+    assert_eq!(client.get("/bytes/1").unwrap().status, 200);
+    assert_eq!(upstream.request_count(), 3);
+    assert_eq!(proxy.stats().method(Method::Get).faulted, 3);
+}

@@ -127,12 +127,22 @@ fn a_completion_whose_answer_is_lost_is_found_at_the_origin_not_uploaded_again()
 
 #[test]
 fn slow_down_answers_pause_the_upload_without_failing_it_or_sending_a_part_twice() {
+    /// 503s the proxy answers. A part's request is tried three times (the store's own two
+    /// retries) before the uploader sees a SlowDown, and the four parts may each have had up to
+    /// two 503s when they pass, so the uploader sees between (21 - 8) / 3 = 5 and 21 / 3 = 7
+    /// SlowDowns: fewer than the ten in a row after which an attempt gives up, so the attempt
+    /// must wait them all out, and enough that their pauses (1.6 s after the fifth) outlast the
+    /// first flush.
+    const SLOW_DOWNS: u64 = 21;
     let s3 = S3Server::start();
     s3.create_bucket("slow-down");
-    // Every part is answered 503 SlowDown by the proxy (not forwarded) until faults stop.
+    // The parts' first requests are answered 503 SlowDown by the proxy (not forwarded), exactly
+    // SLOW_DOWNS times whatever the timing; the rest are forwarded.
     let proxy = proxy(
         &s3,
-        "fault_rate=1&faults=503&fault_match=PUT%20/slow-down/big?",
+        &format!(
+            "fault_rate=1&faults=503&fault_match=PUT%20/slow-down/big?&fault_limit={SLOW_DOWNS}"
+        ),
     );
     let scratch = Scratch::new("upload-slow-down");
     let server = server(&scratch, &s3, &proxy, "slow-down", &[]);
@@ -147,20 +157,22 @@ fn slow_down_answers_pause_the_upload_without_failing_it_or_sending_a_part_twice
         .unwrap_err();
     assert!(error.to_string().contains("on their way"), "{error}");
     assert!(s3.list("slow-down").is_empty());
-    proxy
-        .set_config(ConfigUpdate::from_query("fault_rate=0").unwrap())
-        .unwrap();
     client
         .flush(Some("data"), "", Duration::from_secs(120))
         .unwrap();
     assert_eq!(s3.crc("slow-down", "big"), crc32c::crc32c(&data));
     let stats = proxy.stats();
     assert_eq!(
-        stats.method(Method::Put).forwarded,
-        4,
+        (
+            stats.method(Method::Put).faulted,
+            stats.method(Method::Put).forwarded
+        ),
+        (SLOW_DOWNS, 4),
         "each part reached the origin once: {}",
         stats.to_json()
     );
+    let seen = server.metric("hydrant_origin_slow_downs_total");
+    assert!((5..=7).contains(&seen), "{seen} SlowDowns seen");
     assert_eq!(
         server.metric("hydrant_origin_upload_retries_total"),
         0,
