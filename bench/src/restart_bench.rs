@@ -16,6 +16,7 @@ use hydrant_engine::store::{Counters, ShardStats};
 use hydrant_engine::{Engine, EngineConfig};
 
 use crate::engine_bench::{dataset_object_key, fill_shard};
+use crate::harness::latency::Latencies;
 
 const MIB: u64 = 1024 * 1024;
 /// Objects the killed process writes before it is killed, so that its newest region is open
@@ -136,15 +137,8 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
 
     let _ = std::fs::remove_file(&path);
     let objects = args.objects;
-    let loading = Instant::now();
     let engine = Engine::open(config_for(&path, bytes)).map_err(engine_error)?;
-    block_on(engine.on_shard(0, move |cache| {
-        fill_shard(cache.store().clone(), objects, dataset_object_key, |_| {
-            vec![7u8; 4096]
-        })
-    }))
-    .map_err(engine_error)?;
-    let loaded_seconds = loading.elapsed().as_secs_f64();
+    let loaded_seconds = load_while_reading(&engine, objects)?;
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     let used_bytes: u64 = stats
         .iter()
@@ -240,6 +234,83 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// GETs of random objects among the first `objects`, one at a time, until `until`; returns
+/// their latencies and count. With `must_find`, a missing object is an error.
+fn random_gets(
+    engine: &Engine,
+    objects: usize,
+    until: &dyn Fn() -> bool,
+    seed: u64,
+    must_find: bool,
+) -> Result<(Latencies, u64), String> {
+    let mut latencies = Latencies::new();
+    let mut random = seed;
+    let mut gets = 0;
+    while !until() {
+        // SplitMix64 steps: random keys, the same for the same seed.
+        random = random.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut mixed = random;
+        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let index = ((mixed ^ (mixed >> 31)) % objects as u64) as usize;
+        let key = dataset_object_key(index);
+        let started = Instant::now();
+        let found = block_on(engine.get("datasets", key.key(), None)).map_err(engine_error)?;
+        latencies.record(started.elapsed());
+        if must_find && found.is_none() {
+            return Err(format!("object {index} was not found"));
+        }
+        gets += 1;
+    }
+    Ok((latencies, gets))
+}
+
+/// Load `objects` objects into shard 0 while one reader GETs random keys among them (found or
+/// not yet): the index grows from empty meanwhile, so its growth's longest stall of the shard
+/// shows as the longest GET. Returns the seconds the load took.
+fn load_while_reading(engine: &Engine, objects: usize) -> Result<f64, String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let loaded = AtomicBool::new(false);
+    let loading = Instant::now();
+    let (filled, read) = std::thread::scope(|scope| {
+        let filler = scope.spawn(|| {
+            let filled = block_on(engine.on_shard(0, move |cache| {
+                fill_shard(cache.store().clone(), objects, dataset_object_key, |_| {
+                    vec![7u8; 4096]
+                })
+            }));
+            loaded.store(true, Ordering::Release);
+            filled
+        });
+        let read = random_gets(
+            engine,
+            objects,
+            &|| loaded.load(Ordering::Acquire),
+            7,
+            false,
+        );
+        loaded.store(true, Ordering::Release);
+        (filler.join(), read)
+    });
+    let seconds = loading.elapsed().as_secs_f64();
+    match filled {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return Err(engine_error(error)),
+        Err(_) => return Err("the loading thread panicked".into()),
+    }
+    let (latencies, gets) = read?;
+    let summary = latencies.summary();
+    println!("| GETs, one reader, while {objects} objects are loaded | GETs | p50 us | p99 us | p99.9 us | max us |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| as the index grows from empty | {gets} | {:.0} | {:.0} | {:.0} | {:.0} |",
+        summary.p50, summary.p99, summary.p99_9, summary.max
+    );
+    println!("longest GET while loading = {:.0} us", summary.max);
+    Ok(seconds)
+}
+
 /// A counter of the store's one shard.
 fn shard_counter(stats: &[ShardStats], counter: impl Fn(&Counters) -> u64) -> u64 {
     stats.iter().map(|shard| counter(&shard.counters)).sum()
@@ -250,31 +321,10 @@ fn shard_counter(stats: &[ShardStats], counter: impl Fn(&Counters) -> u64) -> u6
 /// the readers (its longest stall shows as the max). Returns the seconds the last checkpoint
 /// took.
 fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Result<f64, String> {
-    use crate::harness::latency::Latencies;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let reading = |until: &dyn Fn() -> bool, seed: u64| -> Result<(Latencies, u64), String> {
-        let mut latencies = Latencies::new();
-        let mut random = seed;
-        let mut gets = 0;
-        while !until() {
-            // SplitMix64 steps: random keys, the same for the same seed.
-            random = random.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut mixed = random;
-            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            let index = ((mixed ^ (mixed >> 31)) % objects as u64) as usize;
-            let key = dataset_object_key(index);
-            let started = Instant::now();
-            let found = block_on(engine.get("datasets", key.key(), None)).map_err(engine_error)?;
-            latencies.record(started.elapsed());
-            if found.is_none() {
-                return Err(format!("object {index} was not found"));
-            }
-            gets += 1;
-        }
-        Ok((latencies, gets))
-    };
+    let reading =
+        |until: &dyn Fn() -> bool, seed: u64| random_gets(engine, objects, until, seed, true);
     println!("| GETs, one reader | round | GETs | p50 us | p99 us | p99.9 us | max us | shard's pause ms | longest step ms |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut maxima: [Vec<f64>; 2] = Default::default();

@@ -1,15 +1,17 @@
 //! The in-memory index of one shard: (bucket, key) → the newest version's chunk locations.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::rc::Rc;
 
 use crate::key::{is_origin_chunk_joined, split_joined};
 
 mod snapshot;
+mod table;
 pub use crate::key::ObjectKey;
 pub use crate::stamp::Stamp;
 use snapshot::Snapshot;
+use table::KeyTable;
 
 /// Where one chunk's entry lives: a region of this shard and a block within it, plus the
 /// CRC32C of the chunk's first data piece (the whole data for small chunks, which are then read
@@ -190,7 +192,7 @@ type SharedKey = Rc<[u8]>;
 /// checkpoint walks every key in order, a batch at a time (`snapshot.rs`).
 #[derive(Default)]
 pub struct Index {
-    objects: HashMap<SharedKey, ObjectRecord, foldhash::fast::RandomState>,
+    objects: KeyTable<ObjectRecord>,
     /// Every key of `objects` that a client can list (no chunk keys), in byte order.
     listed: BTreeSet<SharedKey>,
     /// Every chunk key of `objects`, in byte order: `objects.len() == listed.len() + chunks.len()`.
@@ -269,10 +271,7 @@ impl Index {
     /// `built_from` for keys already in the index's shared form (a checkpoint's, loaded
     /// without a copy); fastest when they come sorted.
     pub(crate) fn built_from_shared(records: Vec<(Rc<[u8]>, ObjectRecord)>) -> Index {
-        let mut objects = HashMap::with_capacity_and_hasher(
-            records.len(),
-            foldhash::fast::RandomState::default(),
-        );
+        let mut objects = KeyTable::with_capacity(records.len());
         let mut listed = Vec::with_capacity(records.len());
         let mut chunks = Vec::new();
         let (mut bytes, mut totals) = (0, Totals::default());
@@ -394,7 +393,7 @@ impl Index {
     /// once per start (a few milliseconds per million objects); a failure is a bug in
     /// recovery, so it stops the process rather than serve from a wrong index.
     pub fn assert_recovered(&self, used: &[bool], region_blocks: u32, next_seq: u64) {
-        for (key, record) in &self.objects {
+        for (key, record) in self.objects.iter() {
             assert!(
                 record.seq < next_seq,
                 "recovered {key:?} at seq {} but the next seq is {next_seq}",
@@ -423,7 +422,7 @@ impl Index {
         self.listed
             .iter()
             .chain(&self.chunks)
-            .map(|key| (&key[..], &self.objects[key]))
+            .map(|key| (&key[..], &self.objects[&key[..]]))
     }
 
     /// What `Totals` says of every record indexed.
@@ -588,7 +587,7 @@ mod tests {
     pub(super) fn assert_in_step(index: &Index) {
         let mut chunk_keys = 0;
         let mut totals = Totals::default();
-        for (key, record) in &index.objects {
+        for (key, record) in index.objects.iter() {
             totals.add(key, record);
             if split_joined(key).1.contains(&0) {
                 chunk_keys += 1;
@@ -608,7 +607,7 @@ mod tests {
         }
         for key in &index.listed {
             assert!(
-                index.objects.contains_key(&**key),
+                index.objects.contains_key(key),
                 "ordered view has a removed key"
             );
         }

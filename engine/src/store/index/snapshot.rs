@@ -112,7 +112,7 @@ impl Index {
                     (key, record.as_ref())
                 } else {
                     let key = live.next().expect("peeked");
-                    (key, Some(&objects[key]))
+                    (key, Some(&objects[&key[..]]))
                 };
                 last = Some(key);
                 if let Some(record) = record {
