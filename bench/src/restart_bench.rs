@@ -138,14 +138,19 @@ pub fn restart(args: RestartArgs) -> Result<(), String> {
     let _ = std::fs::remove_file(&path);
     let objects = args.objects;
     let engine = Engine::open(config_for(&path, bytes)).map_err(engine_error)?;
-    let loaded_seconds = load_while_reading(&engine, objects)?;
+    let (loaded_seconds, loading_longest_us) = load_while_reading(&engine, objects)?;
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     let used_bytes: u64 = stats
         .iter()
         .map(|shard| (shard.regions - shard.regions_free) * shard.region_bytes)
         .sum();
     // Checkpoints taken while the engine runs; the last one's size and pause are reported.
-    let checkpoint_seconds = gets_during_checkpoints(&engine, objects, args.rounds)?;
+    let (checkpoint_seconds, quiet_longest_us) =
+        gets_during_checkpoints(&engine, objects, args.rounds)?;
+    println!(
+        "longest GET without load/while loading = {:.2}",
+        quiet_longest_us / loading_longest_us
+    );
     let stats = block_on(engine.stats()).map_err(engine_error)?;
     let checkpoint_bytes = shard_counter(&stats, |counters| counters.checkpoint_bytes);
     let pause_us = shard_counter(&stats, |counters| counters.checkpoint_pause_us);
@@ -267,8 +272,9 @@ fn random_gets(
 
 /// Load `objects` objects into shard 0 while one reader GETs random keys among them (found or
 /// not yet): the index grows from empty meanwhile, so its growth's longest stall of the shard
-/// shows as the longest GET. Returns the seconds the load took.
-fn load_while_reading(engine: &Engine, objects: usize) -> Result<f64, String> {
+/// shows as the longest GET. Returns the seconds the load took and the longest GET, in
+/// microseconds.
+fn load_while_reading(engine: &Engine, objects: usize) -> Result<(f64, f64), String> {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let loaded = AtomicBool::new(false);
@@ -308,7 +314,7 @@ fn load_while_reading(engine: &Engine, objects: usize) -> Result<f64, String> {
         summary.p50, summary.p99, summary.p99_9, summary.max
     );
     println!("longest GET while loading = {:.0} us", summary.max);
-    Ok(seconds)
+    Ok((seconds, summary.max))
 }
 
 /// A counter of the store's one shard.
@@ -319,8 +325,12 @@ fn shard_counter(stats: &[ShardStats], counter: impl Fn(&Counters) -> u64) -> u6
 /// GETs of random objects from one reader while the shard takes a checkpoint, against the same
 /// reader for as long right after without one, `rounds` times alternated: what a checkpoint costs
 /// the readers (its longest stall shows as the max). Returns the seconds the last checkpoint
-/// took.
-fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Result<f64, String> {
+/// took and the median longest GET without one, in microseconds.
+fn gets_during_checkpoints(
+    engine: &Engine,
+    objects: usize,
+    rounds: usize,
+) -> Result<(f64, f64), String> {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let reading =
@@ -392,7 +402,7 @@ fn gets_during_checkpoints(engine: &Engine, objects: usize, rounds: usize) -> Re
         "median longest GET without/with a checkpoint = {:.2}",
         quiet / during
     );
-    Ok(last_seconds)
+    Ok((last_seconds, quiet))
 }
 
 /// Start a process that opens the store, writes round `kill`'s tail objects (its newest region

@@ -157,6 +157,10 @@ pub struct KeyTable<V> {
     len: usize,
     slots: Slots,
     draining: Option<Draining>,
+    /// Tests keep only some bits of each tag and set others, so that tags collide and chains
+    /// wrap round the end of the slots.
+    #[cfg(test)]
+    tag_bits: (u32, u32),
 }
 
 impl<V> Default for KeyTable<V> {
@@ -168,9 +172,11 @@ impl<V> Default for KeyTable<V> {
 impl<V> KeyTable<V> {
     /// A table that holds `entries` without growing.
     pub fn with_capacity(entries: usize) -> KeyTable<V> {
-        let slots = (entries.saturating_mul(4) / 3 + 1)
-            .next_power_of_two()
-            .max(SLOTS_MIN);
+        assert!(
+            entries <= ENTRIES_MAX,
+            "{entries} entries are more than a table holds"
+        );
+        let slots = (entries * 4 / 3 + 1).next_power_of_two().max(SLOTS_MIN);
         KeyTable {
             hasher: foldhash::fast::RandomState::default(),
             chunks: Vec::new(),
@@ -178,6 +184,8 @@ impl<V> KeyTable<V> {
             len: 0,
             slots: Slots::new(slots),
             draining: None,
+            #[cfg(test)]
+            tag_bits: (u32::MAX, 0),
         }
     }
 
@@ -190,7 +198,10 @@ impl<V> KeyTable<V> {
     }
 
     fn tag(&self, key: &[u8]) -> u32 {
-        (self.hasher.hash_one(key) >> 32) as u32
+        let tag = (self.hasher.hash_one(key) >> 32) as u32;
+        #[cfg(test)]
+        let tag = tag & self.tag_bits.0 | self.tag_bits.1;
+        tag
     }
 
     fn entry(&self, number: u32) -> &Entry<V> {
@@ -210,7 +221,10 @@ impl<V> KeyTable<V> {
     /// Where `key` is: in the live slots (`true`) or the draining ones (`false`), the slot's
     /// position, and its entry's number.
     fn locate(&self, key: &[u8]) -> Option<(bool, usize, u32)> {
-        let tag = self.tag(key);
+        self.locate_tagged(key, self.tag(key))
+    }
+
+    fn locate_tagged(&self, key: &[u8], tag: u32) -> Option<(bool, usize, u32)> {
         if let Some(position) = self.slots.find(tag, |number| self.holds(number, key)) {
             return Some((true, position, self.entry_number(&self.slots, position)));
         }
@@ -257,12 +271,15 @@ impl<V> KeyTable<V> {
 
     /// Insert `value` under `key`; returns the value it replaces (the key held is kept).
     pub fn insert(&mut self, key: Rc<[u8]>, value: V) -> Option<V> {
-        if let Some(existing) = self.get_mut(&key) {
+        let tag = self.tag(&key);
+        if let Some((_, _, number)) = self.locate_tagged(&key, tag) {
+            let Entry::Used(_, existing) = self.entry_mut(number) else {
+                unreachable!("a slot names a free entry")
+            };
             return Some(std::mem::replace(existing, value));
         }
         assert!(self.len < ENTRIES_MAX, "a shard's index is full");
         self.grow_if_full();
-        let tag = self.tag(&key);
         let number = self.allocate(key, value);
         self.slots.place(tag, number);
         self.len += 1;
@@ -365,6 +382,56 @@ impl<V> KeyTable<V> {
         }
     }
 
+    /// Every slot's structure, checked after each change in the randomized tests: no empty slot
+    /// between a live slot and its home, no tombstone in the live slots, every used entry named
+    /// by exactly one slot (live, or draining at or after the cursor) whose tag is its key's.
+    #[cfg(test)]
+    fn assert_consistent(&self) {
+        let mut named = vec![0u8; self.chunks.len() * CHUNK_ENTRIES];
+        let mut check = |slots: &Slots, from: usize, live: bool| {
+            let mask = slots.mask();
+            for (position, &word) in slots.words.iter().enumerate().skip(from) {
+                if word == EMPTY || word == TOMBSTONE {
+                    assert!(!live || word == EMPTY, "a tombstone in the live slots");
+                    continue;
+                }
+                let tag = (word >> 32) as u32;
+                let number = word as u32 - 1;
+                let Entry::Used(key, _) = self.entry(number) else {
+                    panic!("slot {position} names free entry {number}");
+                };
+                assert_eq!(self.tag(key), tag, "slot {position}'s tag is not its key's");
+                named[number as usize] += 1;
+                if live {
+                    let mut between = slots.home(tag);
+                    while between != position {
+                        assert_ne!(
+                            slots.words[between], EMPTY,
+                            "a chain broken before {position}"
+                        );
+                        between = (between + 1) & mask;
+                    }
+                }
+            }
+        };
+        check(&self.slots, 0, true);
+        if let Some(draining) = &self.draining {
+            check(&draining.slots, draining.cursor, false);
+        }
+        let mut used = 0;
+        for (number, entry) in self.chunks.iter().flatten().enumerate() {
+            let expected = u8::from(matches!(entry, Entry::Used(..)));
+            assert_eq!(
+                named[number], expected,
+                "entry {number} named {} times",
+                named[number]
+            );
+            used += usize::from(expected);
+        }
+        assert_eq!(used, self.len);
+        assert!(self.len * 4 <= self.slots.len() * 3);
+    }
+
     /// The longest probe chain of the live slots: the most slots a lookup reads.
     #[cfg(test)]
     fn longest_chain(&self) -> usize {
@@ -423,19 +490,39 @@ mod tests {
 
     #[test]
     fn inserts_removals_and_lookups_agree_with_a_hash_map_through_many_growths() {
-        for seed in 1..=8u64 {
+        // Whole tags, then tags of a few values (whole-tag collisions everywhere), then tags near
+        // the top (chains that wrap round the end of the slots).
+        for (seed, tag_bits, keys, steps) in [
+            (1u64, (u32::MAX, 0), 20_000, 60_000u64),
+            (2, (u32::MAX, 0), 20_000, 60_000),
+            (3, (u32::MAX, 0), 300, 20_000),
+            (4, (0xf000_000f, 0), 300, 20_000),
+            (5, (0xf000_0000, 0), 300, 20_000),
+            (6, (0x0300_0003, 0xfc00_0000), 200, 20_000),
+            (7, (0x00ff_0000, 0xff00_0000), 2_000, 20_000),
+        ] {
             let mut random = Random(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-            let mut table = KeyTable::default();
+            let mut table = KeyTable {
+                tag_bits,
+                ..KeyTable::default()
+            };
             let mut model = HashMap::new();
             // Keys from a small range, so that removals and re-inserts of the same key happen
-            // while a growth drains; more inserts than removals, so that it grows.
-            for step in 0..60_000u64 {
-                let number = random.next() % 20_000;
+            // while a growth drains; more inserts than removals, so that it grows. The share
+            // of removals rises halfway, so that the table empties again.
+            for step in 0..steps {
+                let number = random.next() % keys;
                 let key = key(number);
+                let removals = if step < steps / 2 { 3 } else { 6 };
                 match random.next() % 10 {
-                    0..=5 => assert_eq!(table.insert(key.clone(), step), model.insert(key, step)),
-                    6..=8 => assert_eq!(table.remove(&key), model.remove(&key)),
+                    draw if draw < 9 - removals => {
+                        assert_eq!(table.insert(key.clone(), step), model.insert(key, step))
+                    }
+                    draw if draw < 9 => assert_eq!(table.remove(&key), model.remove(&key)),
                     _ => assert_eq!(table.get(&key), model.get(&key)),
+                }
+                if keys <= 300 || step % 1_000 == 0 || (keys <= 2_000 && step % 16 == 0) {
+                    table.assert_consistent();
                 }
                 if step % 5_000 == 0 {
                     assert_same(&table, &model);
@@ -446,6 +533,7 @@ mod tests {
             for key in model.keys() {
                 assert!(table.remove(key).is_some());
             }
+            table.assert_consistent();
             assert!(table.is_empty());
             assert_eq!(table.iter().count(), 0);
             assert!(!table.contains_key(&key(1)));
