@@ -186,7 +186,7 @@ impl Session<'_> {
 
     /// Draws whether this request is faulted and how. The rate is drawn for every request, even
     /// at rate 0, so that a connection's sequence of draws does not depend on runtime changes to
-    /// the rate.
+    /// the rate; a fault drawn once the limit (`fault_limit`) is spent is not injected.
     fn choose_fault(&mut self, settings: &Settings, request: &RequestHead) -> Option<Fault> {
         let draw: f64 = self.random.random();
         if draw >= settings.fault_rate {
@@ -197,11 +197,8 @@ impl Session<'_> {
         {
             return None;
         }
-        if !self.shared.take_fault() {
-            return None;
-        }
         let kind = settings.faults[self.random.random_range(0..settings.faults.len())];
-        Some(match kind {
+        let fault = match kind {
             FaultKind::SlowDown => Fault::SlowDown,
             FaultKind::InternalError => Fault::InternalError,
             FaultKind::ResetBeforeForwarding => Fault::ResetBeforeForwarding,
@@ -210,7 +207,9 @@ impl Session<'_> {
                 true => Fault::ResetBeforeForwarding,
                 false => Fault::ResetMidBody,
             },
-        })
+        };
+        // Taken from the limit after every draw, so that a limit leaves the draws as they were.
+        self.shared.take_fault().then_some(fault)
     }
 
     /// Answers an S3 error without forwarding. The request body is read and dropped first so

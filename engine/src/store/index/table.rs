@@ -17,7 +17,7 @@
 //!   it) and takes every insert; the old slots drain into it `DRAIN_SLOTS_PER_CHANGE` at a time
 //!   with each insert and removal, in slot order. A lookup tries the new slots, then the old
 //!   ones past the drain's cursor (those before it have moved). Draining ends long before the
-//!   new table could fill (`grow`).
+//!   new table could fill (`grow_if_full`).
 //!
 //! Probe chains: keys come from clients, so the hash is foldhash seeded at random per process
 //! (a client cannot choose keys that collide), and the load never passes three quarters, where
@@ -57,7 +57,22 @@ enum Entry<V> {
     Free(u32),
 }
 
-/// Open-addressing slots: each is `tag << 32 | (entry + 1)`, `EMPTY` or `TOMBSTONE`.
+/// A used slot's word: the tag and the entry's number plus one.
+fn slot_word(tag: u32, entry: u32) -> u64 {
+    (u64::from(tag) << 32) | u64::from(entry + 1)
+}
+
+/// The tag of a used slot's word.
+fn slot_tag(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+/// The entry number of a used slot's word.
+fn slot_entry(word: u64) -> u32 {
+    word as u32 - 1
+}
+
+/// Open-addressing slots: each is `slot_word(tag, entry)`, `EMPTY` or `TOMBSTONE`.
 struct Slots {
     words: Vec<u64>,
     /// 32 minus the number of bits of a slot's position: a tag's home is `tag >> shift`.
@@ -98,7 +113,7 @@ impl Slots {
             if word == EMPTY {
                 return None;
             }
-            if word != TOMBSTONE && (word >> 32) as u32 == tag && is_key(word as u32 - 1) {
+            if word != TOMBSTONE && slot_tag(word) == tag && is_key(slot_entry(word)) {
                 return Some(position);
             }
             position = (position + 1) & mask;
@@ -113,7 +128,7 @@ impl Slots {
         while self.words[position] != EMPTY {
             position = (position + 1) & mask;
         }
-        self.words[position] = (u64::from(tag) << 32) | u64::from(entry + 1);
+        self.words[position] = slot_word(tag, entry);
     }
 
     /// Empty the slot at `position` and shift back the slots after it that may move closer to
@@ -127,7 +142,7 @@ impl Slots {
             if word == EMPTY {
                 break;
             }
-            let home = self.home((word >> 32) as u32);
+            let home = self.home(slot_tag(word));
             // The slot may fill the hole if the hole lies on its chain: between its home and
             // where it is, going round.
             if next.wrapping_sub(home) & mask >= next.wrapping_sub(hole) & mask {
@@ -226,23 +241,14 @@ impl<V> KeyTable<V> {
 
     fn locate_tagged(&self, key: &[u8], tag: u32) -> Option<(bool, usize, u32)> {
         if let Some(position) = self.slots.find(tag, |number| self.holds(number, key)) {
-            return Some((true, position, self.entry_number(&self.slots, position)));
+            return Some((true, position, slot_entry(self.slots.words[position])));
         }
         let draining = self.draining.as_ref()?;
         let position = draining.slots.find(tag, |number| self.holds(number, key))?;
         // A slot before the cursor has moved: the key is not in the old slots any more (it
         // was removed after it moved, else the live slots would have it).
-        (position >= draining.cursor).then(|| {
-            (
-                false,
-                position,
-                self.entry_number(&draining.slots, position),
-            )
-        })
-    }
-
-    fn entry_number(&self, slots: &Slots, position: usize) -> u32 {
-        slots.words[position] as u32 - 1
+        (position >= draining.cursor)
+            .then(|| (false, position, slot_entry(draining.slots.words[position])))
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
@@ -373,7 +379,7 @@ impl<V> KeyTable<V> {
         let end = (draining.cursor + DRAIN_SLOTS_PER_CHANGE).min(draining.slots.len());
         for &word in &draining.slots.words[draining.cursor..end] {
             if word != EMPTY && word != TOMBSTONE {
-                self.slots.place((word >> 32) as u32, word as u32 - 1);
+                self.slots.place(slot_tag(word), slot_entry(word));
             }
         }
         draining.cursor = end;
@@ -395,8 +401,7 @@ impl<V> KeyTable<V> {
                     assert!(!live || word == EMPTY, "a tombstone in the live slots");
                     continue;
                 }
-                let tag = (word >> 32) as u32;
-                let number = word as u32 - 1;
+                let (tag, number) = (slot_tag(word), slot_entry(word));
                 let Entry::Used(key, _) = self.entry(number) else {
                     panic!("slot {position} names free entry {number}");
                 };
@@ -439,7 +444,7 @@ impl<V> KeyTable<V> {
         let mut longest = 0;
         for (position, &word) in self.slots.words.iter().enumerate() {
             if word != EMPTY {
-                let home = self.slots.home((word >> 32) as u32);
+                let home = self.slots.home(slot_tag(word));
                 longest = longest.max((position.wrapping_sub(home) & mask) + 1);
             }
         }
