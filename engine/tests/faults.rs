@@ -471,7 +471,7 @@ async fn put_streamed(
         _ => put.chunk_count(),
     };
     for piece in data.chunks(CHUNK_BYTES as usize).take(started) {
-        put.write_streamed(ChunkData::copied_from(piece), ())
+        put.write_streamed(ChunkData::copied_from(piece), None, ())
             .await?;
     }
     match streamed {

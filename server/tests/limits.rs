@@ -314,3 +314,59 @@ fn a_streamed_put_larger_than_its_shard_holds_is_refused_as_too_large_and_leaves
     client.put("data", "small", b"fits").unwrap();
     assert_eq!(client.get("data", "small", None).unwrap().1, b"fits");
 }
+
+/// A streamed PUT's stored checksums are computed in the pass that checks its frames': frames
+/// of any size (checksum pieces and chunks cut by frame boundaries; bytes that came with a
+/// frame's header and bytes received straight into a chunk) store exactly the bytes sent, and
+/// a frame whose bytes do not match its checksum is refused with CHECKSUM_MISMATCH, leaving
+/// the version before it.
+#[test]
+fn streamed_puts_in_frames_of_any_size_keep_their_bytes_and_a_damaged_frame_keeps_nothing() {
+    let scratch = Scratch::new("limits-frames");
+    let server = ServerProcess::start(scratch.path(), 512, &[], &[]);
+    let mut stream = server.greeted();
+    let mut client = server.client();
+    let mut get = |key: &str| client.get("data", key, None).expect("GET").1;
+    // Three chunks and a short fourth, the last checksum piece short too.
+    let data = object_bytes(5, (9 << 20) + 12_345);
+    for (round, parts) in [2usize, 7, 97, 1001].into_iter().enumerate() {
+        let key = format!("frames-{parts}");
+        let frames = streamed_put(20 + round as u64, &key, &data, parts);
+        if round % 2 == 0 {
+            stream.write_all(&frames.concat()).unwrap();
+        } else {
+            // A frame at a time, a pause between: the server waits with nothing buffered.
+            for frame in &frames {
+                stream.write_all(frame).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let answer = receive(&mut stream);
+        assert_eq!(
+            answer.status(),
+            Status::Ok,
+            "{parts} frames: {}",
+            answer.message()
+        );
+        assert!(
+            get(&key) == data,
+            "{parts} frames: the bytes sent are stored"
+        );
+    }
+    // The same key again, a byte of the fourth frame's payload changed after its checksum.
+    let mut frames = streamed_put(40, "frames-7", &object_bytes(6, data.len()), 7);
+    let last = frames[3].len() - 1;
+    frames[3][last] ^= 0x40;
+    stream.write_all(&frames.concat()).unwrap();
+    let answer = receive(&mut stream);
+    assert_eq!(
+        answer.status(),
+        Status::ChecksumMismatch,
+        "{}",
+        answer.message()
+    );
+    assert!(
+        get("frames-7") == data,
+        "a PUT refused for a damaged frame leaves the version before it"
+    );
+}

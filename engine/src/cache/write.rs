@@ -307,7 +307,8 @@ impl Cache {
             // Written where it lies; its room in the node's bound goes to the next chunk once
             // its write may start.
             let data = std::mem::take(&mut chunk_data.data);
-            put.write_streamed(data, chunk_data).await?;
+            let crcs = chunk_data.crcs.take();
+            put.write_streamed(data, crcs, chunk_data).await?;
         }
         put.finish().await
     }

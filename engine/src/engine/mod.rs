@@ -158,6 +158,11 @@ impl EngineHandle {
         u64::from(self.chunk_bytes)
     }
 
+    /// Stored data is checksummed in pieces of this many bytes (`StreamedChunk::crcs`).
+    pub fn crc_block_bytes(&self) -> u32 {
+        self.crc_block_bytes
+    }
+
     /// Whether a put of `object_bytes` at `key` has room for `attributes` in its first chunk's
     /// header, beside the key and the chunk's checksums (a put refuses them with
     /// ATTRIBUTES_TOO_LARGE otherwise).
@@ -219,6 +224,7 @@ impl EngineHandle {
                     },
                     md5: None,
                     checksum: None,
+                    crcs: None,
                     held: self.streamed_bytes.clone(),
                     bytes,
                 });

@@ -175,6 +175,41 @@ pub async fn recv(socket: RawFd, mut buf: IoBuf, expect_wait: bool) -> (io::Resu
     }
 }
 
+/// Receive up to `max` bytes into `chunk`'s room after the bytes it holds (a streamed put's
+/// chunk, so that a large payload goes from the socket to the device with no copy in between).
+/// Ok(0): the peer closed. The chunk is the ring's until the completion arrives.
+pub async fn recv_into_chunk(
+    socket: RawFd,
+    mut chunk: crate::buf::ChunkData,
+    max: usize,
+) -> (io::Result<usize>, crate::buf::ChunkData) {
+    let room = chunk.spare_capacity_mut();
+    let length = max.min(room.len());
+    assert!(length > 0, "recv into a full chunk");
+    let pointer = room.as_mut_ptr().cast::<u8>();
+    let entry = opcode::Recv::new(types::Fd(socket), pointer, length as u32).build();
+    // SAFETY (of the entry's pointer): it points into the chunk's allocation, which the boxed
+    // `ChunkData` owns and which does not move with it; the ring keeps the box until the
+    // completion arrives.
+    let (result, keep) = submit_socket(entry, Keep::Owned(Box::new(chunk))).await;
+    let mut chunk = match keep {
+        Keep::Owned(owned) => *owned
+            .downcast::<crate::buf::ChunkData>()
+            .expect("a chunk's receive comes back with its chunk"),
+        _ => unreachable!("a chunk's receive came back without its chunk"),
+    };
+    match result {
+        Ok(received) => {
+            let received = received as usize;
+            // SAFETY: the kernel wrote `received` bytes (at most `length`, within the room)
+            // right after the chunk's bytes.
+            unsafe { chunk.set_len(chunk.len() + received) };
+            (Ok(received), chunk)
+        }
+        Err(error) => (Err(error), chunk),
+    }
+}
+
 /// Send all of `buf`'s bytes (looping over partial sends).
 pub async fn send_all(socket: RawFd, buf: IoBuf) -> (io::Result<()>, IoBuf) {
     let mut sent = 0;

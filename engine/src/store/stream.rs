@@ -28,6 +28,11 @@ pub struct StreamedChunk {
     /// a put whose first chunk's attributes promised it (`Attributes::checksum_pending`): it
     /// came after the body, and goes in the last chunk's header.
     pub checksum: Option<(String, String)>,
+    /// The CRC32C of each of `data`'s pieces of the store's `crc_block_bytes` (the last one
+    /// shorter), where whoever filled it computed them as the bytes came (a TCP PUT's
+    /// connection, in the pass that checks its frames' checksums); `None`: the shard computes
+    /// them.
+    pub crcs: Option<Vec<u32>>,
     pub(crate) held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) bytes: u64,
 }
@@ -46,6 +51,8 @@ enum ChunkWrite {
     Whole {
         buf: crate::buf::IoBuf,
         length: usize,
+        /// The data's piece checksums, when the writer computed them.
+        crcs: Option<Vec<u32>>,
     },
     /// `whole`, the chunk's bytes in a same-host client's memory (starting aligned for direct
     /// I/O), written as a header block (`buf`'s first), the whole blocks of `whole` where they
@@ -196,6 +203,7 @@ impl PutStream {
     pub async fn write_streamed(
         &mut self,
         data: crate::buf::ChunkData,
+        crcs: Option<Vec<u32>>,
         hold: impl Sized,
     ) -> Result<()> {
         assert_eq!(
@@ -210,6 +218,7 @@ impl PutStream {
             ChunkWrite::Whole {
                 buf: data.into_entry_buf(),
                 length,
+                crcs,
             },
             permit,
         )
@@ -311,8 +320,15 @@ impl PutStream {
         let room = &mut buf.as_mut_slice()[BLOCK_BYTES..];
         fill(&mut room[..length]);
         room[length..].fill(0);
-        self.start_write(ChunkWrite::Whole { buf, length }, permit)
-            .await
+        self.start_write(
+            ChunkWrite::Whole {
+                buf,
+                length,
+                crcs: None,
+            },
+            permit,
+        )
+        .await
     }
 
     /// Wait while `CHUNK_WRITES_PER_PUT` of this put's writes are in flight, then for one of
@@ -333,7 +349,7 @@ impl PutStream {
     /// holding `permit`.
     async fn start_write(
         &mut self,
-        write: ChunkWrite,
+        mut write: ChunkWrite,
         permit: crate::rt::sync::OwnedPermit,
     ) -> Result<()> {
         let store = self.store.clone();
@@ -349,10 +365,38 @@ impl PutStream {
         let header_of = |data: &[u8]| {
             store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp)
         };
-        let (entry_bytes, mut header) = match &write {
-            ChunkWrite::Whole { buf, length } => (
+        let (entry_bytes, mut header) = match &mut write {
+            ChunkWrite::Whole {
+                buf,
+                length,
+                crcs: Some(crcs),
+            } => {
+                let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + *length];
+                debug_assert_eq!(
+                    *crcs,
+                    crate::format::data_checksums(data, store.geometry.crc_block_bytes as usize),
+                    "a chunk's checksums as its writer computed them"
+                );
+                let crcs = std::mem::take(crcs);
+                (
+                    buf.len(),
+                    store.chunk_entry_checksummed(
+                        &self.key,
+                        chunk,
+                        self.object_bytes,
+                        self.dirty,
+                        (*length, crcs),
+                        stamp,
+                    ),
+                )
+            }
+            ChunkWrite::Whole {
+                buf,
+                length,
+                crcs: None,
+            } => (
                 buf.len(),
-                header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + length]),
+                header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + *length]),
             ),
             ChunkWrite::Split { buf, whole } => {
                 let mut header = whole.with_bytes(0, whole.len(), header_of);

@@ -113,13 +113,28 @@ impl Store {
         piece: &[u8],
         stamp: Stamp,
     ) -> EntryHeader {
+        let crcs = data_checksums(piece, self.geometry.crc_block_bytes as usize);
+        self.chunk_entry_checksummed(key, chunk, object_bytes, dirty, (piece.len(), crcs), stamp)
+    }
+
+    /// `new_chunk_entry` of a chunk of `data_bytes` whose piece checksums (`data_crcs`) are
+    /// already known.
+    pub(super) fn chunk_entry_checksummed(
+        &self,
+        key: &ObjectKey,
+        chunk: usize,
+        object_bytes: u64,
+        dirty: bool,
+        (data_bytes, data_crcs): (usize, Vec<u32>),
+        stamp: Stamp,
+    ) -> EntryHeader {
         let chunk_bytes = self.geometry.chunk_bytes as u64;
         EntryHeader {
             kind: EntryKind::Chunk,
             flags: if dirty { ENTRY_FLAG_DIRTY } else { 0 },
             chunk_index: chunk as u32,
             chunk_count: object_bytes.div_ceil(chunk_bytes).max(1) as u32,
-            data_bytes: piece.len() as u32,
+            data_bytes: data_bytes as u32,
             seq: 0,
             region_seq: 0,
             object_bytes,
@@ -127,7 +142,7 @@ impl Store {
             modified_ms: stamp.modified_ms,
             bucket: key.bucket_bytes().to_vec(),
             key: key.key_bytes().to_vec(),
-            data_crcs: data_checksums(piece, self.geometry.crc_block_bytes as usize),
+            data_crcs,
             attributes: Vec::new(),
         }
     }

@@ -168,6 +168,41 @@ impl Input {
         self.take(count).await
     }
 
+    /// Up to `max` more bytes of a payload appended to `chunk` (at most its room, at least one
+    /// byte): bytes already buffered are copied; with none buffered and no multishot receive
+    /// armed, they are received straight into the chunk, so that a streamed PUT's bytes reach
+    /// the device with no copy on the way.
+    pub(super) async fn take_into(
+        &mut self,
+        chunk: &mut hydrant_engine::buf::ChunkData,
+        max: usize,
+    ) -> Result<(), String> {
+        let max = max.min(chunk.capacity() - chunk.len());
+        assert!(max > 0, "bytes taken into a full chunk");
+        if self.buffered() == 0 && self.stream.is_none() {
+            let (received, back) =
+                net::recv_into_chunk(self.socket, std::mem::take(chunk), max).await;
+            *chunk = back;
+            return match received {
+                Ok(0) => Err("the peer closed the connection mid-frame".into()),
+                Ok(_) => {
+                    self.last_activity.set(time::now_coarse());
+                    Ok(())
+                }
+                Err(error) => Err(error.to_string()),
+            };
+        }
+        // A multishot receive is armed (taking the bytes it holds ends it for a large
+        // payload, see `fill`), or bytes came with the frame before: through the buffer.
+        let count = if self.buffered() > 0 {
+            max.min(self.buffered())
+        } else {
+            max.min(RECEIVE_BYTES)
+        };
+        chunk.extend_from_slice(self.take(count).await?);
+        Ok(())
+    }
+
     /// The next `count` bytes, waited for (an error if the peer closes before them).
     pub(super) async fn take(&mut self, count: usize) -> Result<&[u8], String> {
         match self.fill(count).await {

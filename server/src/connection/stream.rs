@@ -13,6 +13,7 @@
 //! stays in step; a stream cut off or refused midway leaves nothing visible.
 
 use hydrant_engine::{PutSink, StreamedChunk};
+use hydrant_proto::crc::combine::Joined;
 
 use super::*;
 
@@ -22,12 +23,85 @@ struct Feeding {
     outcome: hydrant_engine::rt::JoinHandle<hydrant_engine::Result<hydrant_engine::ObjectMeta>>,
     object_bytes: u64,
     chunk_bytes: u64,
-    /// Bytes received so far (all of them copied into chunks).
+    /// Bytes received so far (all of them in chunks).
     received: u64,
     /// The chunk being filled.
     chunk: Option<StreamedChunk>,
+    /// Its piece checksums, as its bytes land.
+    checksums: PieceChecksums,
     /// The put ended before the stream did (its outcome says why).
     ended: bool,
+}
+
+/// The CRC32C of a chunk's pieces of `piece_bytes` (the store's `crc_block_bytes`), computed
+/// as the chunk fills, in the same pass over the bytes that checks the frames' checksums: the
+/// shard takes them as they are (`StreamedChunk::crcs`) instead of reading every byte again,
+/// and a frame's checksum is joined from its pieces' (a few carry-less multiplications each).
+struct PieceChecksums {
+    piece_bytes: usize,
+    /// The chunk's pieces so far.
+    done: Vec<u32>,
+    /// The piece being filled: the CRC32C and length of its bytes in earlier frames...
+    before: (u32, u64),
+    /// ... and in this frame.
+    open: (u32, u64),
+}
+
+impl PieceChecksums {
+    fn new(piece_bytes: usize) -> PieceChecksums {
+        PieceChecksums {
+            piece_bytes,
+            done: Vec::new(),
+            before: (0, 0),
+            open: (0, 0),
+        }
+    }
+
+    /// Checksum `data[from..]`, the bytes just added to the chunk that holds `data`, into its
+    /// pieces' checksums and the frame's (`frame`).
+    fn add(&mut self, data: &[u8], from: usize, frame: &mut Joined) {
+        let mut at = from;
+        while at < data.len() {
+            let piece_end = (at / self.piece_bytes + 1) * self.piece_bytes;
+            let end = piece_end.min(data.len());
+            self.open.0 = hydrant_proto::crc::crc32c_append(self.open.0, &data[at..end]);
+            self.open.1 += (end - at) as u64;
+            if end == piece_end {
+                self.close_piece(frame);
+            }
+            at = end;
+        }
+    }
+
+    /// The frame ends (or bytes that are not kept follow in it): the open piece's bytes so far
+    /// go into the frame's checksum, and the piece goes on in the next.
+    fn end_frame(&mut self, frame: &mut Joined) {
+        let (crc, bytes) = std::mem::take(&mut self.open);
+        frame.push(crc, bytes);
+        self.before = (
+            hydrant_proto::crc::combine::combine(self.before.0, crc, bytes),
+            self.before.1 + bytes,
+        );
+    }
+
+    fn close_piece(&mut self, frame: &mut Joined) {
+        let (crc, bytes) = std::mem::take(&mut self.open);
+        frame.push(crc, bytes);
+        let (before, before_bytes) = std::mem::take(&mut self.before);
+        self.done.push(if before_bytes == 0 {
+            crc
+        } else {
+            hydrant_proto::crc::combine::combine(before, crc, bytes)
+        });
+    }
+
+    /// The checksums of a whole chunk (its last piece may be short); ready for the next.
+    fn finish(&mut self, frame: &mut Joined) -> Vec<u32> {
+        if self.open.1 + self.before.1 > 0 {
+            self.close_piece(frame);
+        }
+        std::mem::take(&mut self.done)
+    }
 }
 
 impl Feeding {
@@ -36,26 +110,34 @@ impl Feeding {
         (self.object_bytes - self.received).min(self.chunk_bytes) as usize
     }
 
-    /// Copy `piece` into chunks, handing each full one to the put.
-    async fn feed(&mut self, engine: &EngineHandle, mut piece: &[u8]) {
-        while !piece.is_empty() && !self.ended {
-            if self.chunk.is_none() {
-                self.chunk = Some(engine.streamed_chunk(self.chunk_len()).await);
-            }
-            let chunk = self.chunk.as_mut().expect("just made");
-            let room = chunk.data.capacity() - chunk.data.len();
-            let (now, rest) = piece.split_at(room.min(piece.len()));
-            chunk.data.extend_from_slice(now);
-            self.received += now.len() as u64;
-            piece = rest;
-            if chunk.data.len() == chunk.data.capacity() {
-                self.send_chunk().await;
-            }
+    /// Receive up to `max` more bytes of the payload into the chunk being filled (straight from
+    /// the socket where none are buffered), checksum them where they landed (into `frame`, the
+    /// frame's checksum), and hand the chunk to the put once full. Returns how many came.
+    async fn receive(
+        &mut self,
+        engine: &EngineHandle,
+        input: &mut Input,
+        max: usize,
+        frame: &mut Joined,
+    ) -> Result<usize, String> {
+        if self.chunk.is_none() {
+            self.chunk = Some(engine.streamed_chunk(self.chunk_len()).await);
         }
+        let chunk = self.chunk.as_mut().expect("just made");
+        let from = chunk.data.len();
+        input.take_into(&mut chunk.data, max).await?;
+        self.checksums.add(&chunk.data, from, frame);
+        let added = chunk.data.len() - from;
+        self.received += added as u64;
+        if chunk.data.len() == chunk.data.capacity() {
+            self.send_chunk(frame).await;
+        }
+        Ok(added)
     }
 
-    async fn send_chunk(&mut self) {
-        let chunk = self.chunk.take().expect("a chunk to send");
+    async fn send_chunk(&mut self, frame: &mut Joined) {
+        let mut chunk = self.chunk.take().expect("a chunk to send");
+        chunk.crcs = Some(self.checksums.finish(frame));
         if !self.sink.send(chunk).await {
             self.ended = true;
         }
@@ -94,16 +176,25 @@ pub(super) async fn stream_in(
     let mut bytes_in = FRAME_HEADER_BYTES + extension.len();
     loop {
         let mut remaining = frame.payload_len as usize;
-        let mut crc = 0;
+        let mut crc = Joined::new();
         while remaining > 0 {
-            let piece = input.take_upto(remaining).await?;
-            remaining -= piece.len();
-            crc = hydrant_proto::crc::crc32c_append(crc, piece);
-            if let Some(feeding) = feeding.as_mut() {
-                if feeding.received + piece.len() as u64 > feeding.object_bytes {
+            match feeding.as_mut().filter(|feeding| !feeding.ended) {
+                Some(feeding) if feeding.received == feeding.object_bytes => {
                     refusal = Some((Status::BadRequest, "more bytes than object_bytes".into()));
-                } else {
-                    feeding.feed(&connection.engine, piece).await;
+                }
+                Some(feeding) => {
+                    remaining -= feeding
+                        .receive(&connection.engine, input, remaining, &mut crc)
+                        .await?;
+                }
+                None => {
+                    // Refused, or the put ended: the rest is read and checked, not kept.
+                    if let Some(feeding) = feeding.as_mut() {
+                        feeding.checksums.end_frame(&mut crc);
+                    }
+                    let piece = input.take_upto(remaining).await?;
+                    remaining -= piece.len();
+                    crc.push(hydrant_proto::crc::crc32c(piece), piece.len() as u64);
                 }
             }
             if refusal.is_some() {
@@ -111,6 +202,10 @@ pub(super) async fn stream_in(
                 feeding = None;
             }
         }
+        if let Some(feeding) = feeding.as_mut() {
+            feeding.checksums.end_frame(&mut crc);
+        }
+        let crc = crc.crc();
         bytes_in += frame.payload_len as usize;
         if refusal.is_none() {
             if let Err(error) = frame.check_payload_crc(crc) {
@@ -156,7 +251,7 @@ pub(super) async fn stream_in(
     if feeding.object_bytes == 0 && !feeding.ended {
         // An empty object is one empty chunk.
         feeding.chunk = Some(connection.engine.streamed_chunk(0).await);
-        feeding.send_chunk().await;
+        feeding.send_chunk(&mut Joined::new()).await;
     }
     // The shard answers once every chunk is durable; the reader goes on meanwhile.
     let connection = connection.clone();
@@ -205,6 +300,7 @@ fn start(connection: &Connection, extension: &[u8]) -> Result<Feeding, (Status, 
         chunk_bytes: connection.engine.chunk_bytes(),
         received: 0,
         chunk: None,
+        checksums: PieceChecksums::new(connection.engine.crc_block_bytes() as usize),
         ended: false,
     })
 }
