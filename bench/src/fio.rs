@@ -22,6 +22,43 @@ pub fn run(
     seconds: u64,
     cpu: Option<usize>,
 ) -> Result<FioResult, String> {
+    run_job(path, name, pattern, block_size, iodepth, seconds, cpu, None)
+}
+
+/// `run` of a job that writes, with an fsync after every `fsync_every` writes: what a writer
+/// pays that makes its bytes durable before it goes on, as hydrant does before it
+/// acknowledges a put.
+pub fn run_flushing(
+    path: &Path,
+    name: &str,
+    block_size: &str,
+    iodepth: u32,
+    seconds: u64,
+    fsync_every: u64,
+) -> Result<FioResult, String> {
+    run_job(
+        path,
+        name,
+        "write",
+        block_size,
+        iodepth,
+        seconds,
+        None,
+        Some(fsync_every),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_job(
+    path: &Path,
+    name: &str,
+    pattern: &str,
+    block_size: &str,
+    iodepth: u32,
+    seconds: u64,
+    cpu: Option<usize>,
+    fsync_every: Option<u64>,
+) -> Result<FioResult, String> {
     let mut command = Command::new("fio");
     command
         .arg(format!("--name={name}"))
@@ -40,6 +77,9 @@ pub fn run(
         .args(["--output-format=json", "--norandommap", "--randrepeat=0"]);
     if let Some(cpu) = cpu {
         command.arg(format!("--cpus_allowed={cpu}"));
+    }
+    if let Some(every) = fsync_every {
+        command.arg(format!("--fsync={every}"));
     }
     let side = if pattern.contains("write") {
         "write"

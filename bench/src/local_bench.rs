@@ -205,7 +205,11 @@ fn metric(client: &mut Client, name: &str) -> Result<u64, String> {
 }
 
 /// Writes: `--objects` keys overwritten round robin by `--streams` writers, through the
-/// same-host path (from a region, and from the writer's own memory) and over TCP, and fio's sequential write rate on the same file system.
+/// same-host path (from a region, and from the writer's own memory) and over TCP, and fio's
+/// sequential write rate on the same file system: at the start and at the end of each round
+/// (the peer is the mean of the two, so that a disk whose rate drifts during the round weighs
+/// on both sides alike), and with an fsync after every object's bytes (what a writer pays that
+/// makes each object durable before it goes on, as an acknowledged put is).
 fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Result<(), String> {
     let error = |error: hydrant_client::ClientError| error.to_string();
     let object_bytes = args.object_bytes;
@@ -214,11 +218,26 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
     crate::fio::fill(&fio_path, 1 << 30)?;
     let mut stats = Client::connect(address, Duration::from_secs(30)).map_err(error)?;
     println!(
-        "| round | same-host from a region, filled each time GiB/s | CPU s/GiB | copies/byte | same-host from memory GiB/s | CPU s/GiB | TCP loopback GiB/s | CPU s/GiB | fio write GiB/s | fio CPU s/GiB | same-host from a region already holding the bytes GiB/s | CPU s/GiB |  ({} keys of {} bytes overwritten, {} writers)",
+        "| round | same-host from a region, filled each time GiB/s | CPU s/GiB | copies/byte | same-host from memory GiB/s | CPU s/GiB | TCP loopback GiB/s | CPU s/GiB | fio write GiB/s (mean of first and last) | fio CPU s/GiB | same-host from a region already holding the bytes GiB/s | CPU s/GiB | fio first GiB/s | fio last GiB/s | fio with an fsync per object GiB/s |  ({} keys of {} bytes overwritten, {} writers)",
         args.objects, object_bytes, args.streams
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let fio_write = || -> Result<(f64, f64), String> {
+        let children_before = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
+        let fio = crate::fio::run(
+            &fio_path,
+            "local-bench-write",
+            "write",
+            "1m",
+            8,
+            args.seconds,
+            None,
+        )?;
+        let cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - children_before;
+        Ok((fio.bytes_per_second / (1u64 << 30) as f64, cpu))
+    };
     for round in 1..=args.rounds {
+        let (fio_first, fio_first_cpu) = fio_write()?;
         let locals: Vec<_> = (0..args.streams)
             .map(|_| {
                 let mut client = LocalClient::connect(socket).map_err(error)?;
@@ -295,27 +314,28 @@ fn writes(args: &LocalArgs, socket: &std::path::Path, address: &[String]) -> Res
             object_bytes as u64
         });
         drop(tcps);
-        let children_before = cpu_seconds(UsageWho::RUSAGE_CHILDREN);
-        let fio = crate::fio::run(
+        let flushing = crate::fio::run_flushing(
             &fio_path,
-            "local-bench-write",
-            "write",
+            "local-bench-write-flushing",
             "1m",
             8,
             args.seconds,
-            None,
-        )?;
-        let fio_cpu = cpu_seconds(UsageWho::RUSAGE_CHILDREN) - children_before;
-        let fio_gib = fio.bytes_per_second / (1u64 << 30) as f64;
+            (object_bytes as u64).div_ceil(1 << 20),
+        )?
+        .bytes_per_second
+            / (1u64 << 30) as f64;
+        let (fio_last, fio_last_cpu) = fio_write()?;
+        let fio_gib = (fio_first + fio_last) / 2.0;
+        let fio_cpu_per_gib =
+            (fio_first_cpu + fio_last_cpu) / ((fio_first + fio_last) * args.seconds as f64);
         println!(
-            "| {round} | {:.2} | {:.3} | {copies:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {fio_gib:.2} | {:.3} | {:.2} | {:.3} |",
+            "| {round} | {:.2} | {:.3} | {copies:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {fio_gib:.2} | {fio_cpu_per_gib:.3} | {:.2} | {:.3} | {fio_first:.2} | {fio_last:.2} | {flushing:.2} |",
             local.gib_per_second,
             local.cpu_seconds_per_gib,
             memory.gib_per_second,
             memory.cpu_seconds_per_gib,
             tcp.gib_per_second,
             tcp.cpu_seconds_per_gib,
-            fio_cpu / (fio_gib * args.seconds as f64),
             in_place.gib_per_second,
             in_place.cpu_seconds_per_gib,
         );
