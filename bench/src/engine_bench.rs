@@ -327,6 +327,113 @@ pub struct IndexMemoryArgs {
     objects: usize,
 }
 
+#[derive(Args)]
+pub struct SpaceArgs {
+    /// Directory for the scratch data file.
+    #[arg(long, default_value = "target/bench-scratch")]
+    dir: PathBuf,
+    /// Object sizes, in bytes, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "100,1024,4096,65536,1048576"
+    )]
+    sizes: Vec<usize>,
+    /// Bytes of objects stored per size (at least 1,000 objects, at most 200,000).
+    #[arg(long, default_value_t = 256 * MIB)]
+    bytes: u64,
+    /// Seconds of random GETs per size.
+    #[arg(long, default_value_t = 2)]
+    seconds: u64,
+}
+
+/// NVMe bytes per stored byte, and PUT and GET rates, by object size: one shard on a fresh
+/// data file per size, objects with 39-byte keys PUT 32 at a time, then GET at random 32 at a
+/// time from the device (the store itself, no DRAM tier in front).
+pub fn space(args: SpaceArgs) -> Result<(), String> {
+    std::fs::create_dir_all(&args.dir).map_err(|error| error.to_string())?;
+    let path = args.dir.join("space.hyd");
+    println!("| object bytes | objects | stored bytes | log bytes | NVMe bytes per stored byte | PUTs/s | GETs/s |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &size in &args.sizes {
+        let objects = (args.bytes / size.max(1) as u64).clamp(1000, 200_000) as usize;
+        let _ = std::fs::remove_file(&path);
+        // Today's entries: a 4 KiB header and the data padded to 4 KiB; room for reclaim's
+        // reserve beside them.
+        let entry = 4096 + (size as u64).div_ceil(4096) * 4096;
+        let bytes = (objects as u64 * entry * 5 / 4 + 512 * MIB).div_ceil(64 * MIB) * 64 * MIB;
+        let mut config = EngineConfig::new(vec![DeviceConfig::create(&path, bytes)]);
+        config.shards = Some(1);
+        let engine = Engine::open(config).map_err(engine_error)?;
+        let log_before = block_on(engine.stats()).map_err(engine_error)?[0]
+            .counters
+            .log_bytes;
+        let started = Instant::now();
+        block_on(engine.on_shard(0, move |store| {
+            fill_shard(
+                store.store().clone(),
+                objects,
+                dataset_object_key,
+                move |index| object_bytes(index, size),
+            )
+        }))
+        .map_err(engine_error)?;
+        let puts_per_second = objects as f64 / started.elapsed().as_secs_f64();
+        let stats = block_on(engine.stats()).map_err(engine_error)?;
+        let log_bytes = stats[0].counters.log_bytes - log_before;
+        let stored = stats[0].object_bytes;
+        let duration = Duration::from_secs(args.seconds);
+        let gets_per_second = block_on(engine.on_shard(0, move |store| {
+            random_gets(store.store().clone(), objects, size, duration)
+        }))
+        .map_err(engine_error)?;
+        engine.close();
+        let _ = std::fs::remove_file(&path);
+        println!(
+            "| {size} | {objects} | {stored} | {log_bytes} | {:.2} | {puts_per_second:.0} | {gets_per_second:.0} |",
+            log_bytes as f64 / stored as f64
+        );
+    }
+    Ok(())
+}
+
+/// GETs of random objects among `count` of `size` bytes (`dataset_object_key`), FILL_DEPTH at
+/// a time, for `duration`; returns GETs per second.
+async fn random_gets(
+    store: Rc<Store>,
+    count: usize,
+    size: usize,
+    duration: Duration,
+) -> hydrant_engine::Result<f64> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let workers: Vec<_> = (0..FILL_DEPTH)
+        .map(|worker| {
+            let store = store.clone();
+            spawn(async move {
+                let mut state =
+                    0x9E37_79B9_7F4A_7C15u64 ^ ((worker as u64 + 1) * 0x2545_F491_4F6C_DD1D);
+                let mut done = 0u64;
+                while Instant::now() < deadline {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let key = dataset_object_key((state % count as u64) as usize);
+                    let read = store.get(&key, None).await?.ok_or_else(missing)?;
+                    assert_eq!(read.len(), size);
+                    done += 1;
+                }
+                Ok::<u64, hydrant_engine::Error>(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for worker in workers {
+        total += worker.await?;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
 pub(crate) fn dataset_object_key(index: usize) -> ObjectKey {
     ObjectKey::new("datasets", &dataset_key(index)).expect("valid key")
 }

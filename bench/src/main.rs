@@ -61,6 +61,8 @@ enum Command {
     Engine(engine_bench::EngineArgs),
     /// DRAM bytes the index costs per stored object.
     IndexMemory(engine_bench::IndexMemoryArgs),
+    /// NVMe bytes per stored byte, and PUT and GET rates, for objects of 100 B to 1 MiB.
+    Space(engine_bench::SpaceArgs),
     /// A shard's restart on a store of many small objects, after a clean stop and after SIGKILL,
     /// vs fio reading the regions in use from the same file.
     Restart(restart_bench::RestartArgs),
@@ -163,6 +165,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Engine(args) => engine_bench::engine(args),
         Command::IndexMemory(args) => engine_bench::index_memory(args),
+        Command::Space(args) => engine_bench::space(args),
         Command::Restart(args) => restart_bench::restart(args),
         Command::Server(args) => server_bench::server(args),
         Command::Origin(args) => origin_bench::origin(args),

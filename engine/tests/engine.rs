@@ -813,3 +813,33 @@ fn a_checksum_given_with_the_last_chunk_is_answered_from_its_header() {
     }
     check(&engine);
 }
+
+/// `log_bytes` counts what the device takes for what is stored: each put of an object no
+/// larger than a chunk places a 4 KiB header block and its data padded to whole blocks; a
+/// delete places its tombstone's block.
+#[test]
+fn the_log_counts_every_entry_it_places_with_headers_and_padding() {
+    let dir = TempDir::new("log-bytes");
+    let engine = Engine::open(config(&dir.path().join("data.hyd"), 256 * MIB, 1, 16)).unwrap();
+    let log_bytes = |engine: &Engine| {
+        let stats = block_on(engine.stats()).unwrap();
+        stats[0].counters.log_bytes
+    };
+    let before = log_bytes(&engine);
+    let mut expected = 0;
+    for (index, size) in [1usize, 100, 1024, 4095, 4096, 4097, 65_536, 100_000]
+        .into_iter()
+        .enumerate()
+    {
+        block_on(engine.put(
+            "data",
+            &format!("sized-{index}"),
+            pattern(index as u64, size),
+        ))
+        .unwrap();
+        expected += 4096 + size.div_ceil(4096) as u64 * 4096;
+    }
+    assert_eq!(log_bytes(&engine) - before, expected);
+    assert!(block_on(engine.delete("data", "sized-0")).unwrap());
+    assert_eq!(log_bytes(&engine) - before, expected + 4096);
+}

@@ -170,6 +170,9 @@ pub struct Counters {
     pub misses: u64,
     pub deletes: u64,
     pub bytes_written: u64,
+    /// Bytes placed in the log for entries of every kind (chunks, markers, reclaim's copies),
+    /// headers and padding included: what the device takes for what is stored.
+    pub log_bytes: u64,
     pub bytes_read: u64,
     pub evictions: u64,
     pub relocations: u64,

@@ -136,6 +136,7 @@ impl Store {
         self.regions.borrow_mut()[open]
             .writes_in_flight
             .insert(place.offset);
+        self.count(|counters| counters.log_bytes += bytes);
         Some(place)
     }
 
