@@ -113,7 +113,7 @@ pub fn snapshot() -> ServerCounters {
 
 /// A shard's engine stats, one sample per shard: (name, type, help, field).
 #[allow(clippy::type_complexity)]
-const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 45] = [
+const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 46] = [
     (
         "hydrant_nvme_admitted_bytes",
         MetricType::Counter,
@@ -269,6 +269,12 @@ const ENGINE_METRICS: [(&str, MetricType, &str, fn(&ShardStats) -> u64); 45] = [
         MetricType::Counter,
         "Object bytes written to the devices.",
         |stats| stats.counters.bytes_written,
+    ),
+    (
+        "hydrant_log_bytes",
+        MetricType::Counter,
+        "Bytes the logs placed on the devices: entries of every kind with their headers and padding (against hydrant_device_written_bytes, what the device takes for what is stored).",
+        |stats| stats.counters.log_bytes,
     ),
     (
         "hydrant_flushes",

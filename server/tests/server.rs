@@ -767,6 +767,11 @@ fn metrics_over_http_and_stats_count_what_was_done() {
     };
     assert_eq!(total(&text, "hydrant_objects{"), 5);
     assert_eq!(total(&text, "hydrant_engine_puts_total{"), 5);
+    // Five objects of 3 bytes: 15 bytes stored, each in a header block and a data block (and
+    // the log holds the markers that say which are at the origin).
+    assert_eq!(total(&text, "hydrant_device_written_bytes_total{"), 15);
+    let log_bytes = total(&text, "hydrant_log_bytes_total{");
+    assert!(log_bytes >= 5 * 8192, "{log_bytes}");
     assert_eq!(
         total(
             &text,
@@ -1484,4 +1489,30 @@ fn without_a_token_only_clients_on_this_host_are_served() {
     let _ = std::fs::remove_dir_all(&directory);
     assert!(local.is_ok(), "loopback: {local:?}");
     assert!(from_network.is_err(), "{remote} was served without a token");
+}
+
+#[test]
+fn the_log_bytes_metric_counts_each_entry_with_its_header_and_padding() {
+    let server = ServerProcess::start_with("log-bytes", &["--origin", "none"]);
+    let mut stream = server.connect();
+    hello(&mut stream);
+    let log_bytes = |stream: &mut TcpStream| {
+        send(stream, Opcode::Stats, 1, &[], &[]);
+        let text = String::from_utf8(receive(stream).payload).unwrap();
+        text.lines()
+            .filter(|line| line.starts_with("hydrant_log_bytes_total{"))
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    let before = log_bytes(&mut stream);
+    for (index, size) in [5000usize, 100, 4096].into_iter().enumerate() {
+        let put = PutRequest {
+            name: name(&format!("sized-{index}")),
+            object_bytes: size as u64,
+        };
+        send(&mut stream, Opcode::Put, 2, &put.encode(), &vec![7; size]);
+        assert_eq!(status(&receive(&mut stream)), Status::Ok);
+    }
+    // A header block each, and the data padded to whole blocks: 2 + 1 + 1 of them.
+    assert_eq!(log_bytes(&mut stream) - before, (3 + 4) * 4096);
 }
