@@ -93,14 +93,15 @@ pub(crate) async fn fill_shard(
     Ok(())
 }
 
-/// Gets of random small objects, `depth` at a time, for `duration`; returns gets per second.
+/// Gets of random objects among `count` (`key(index)`, each `size` bytes), `depth` at a time,
+/// for `duration`; returns gets per second.
 async fn random_reads(
     store: Rc<Store>,
-    count: usize,
+    (count, key, size): (usize, fn(usize) -> ObjectKey, usize),
     depth: u32,
     duration: Duration,
 ) -> hydrant_engine::Result<f64> {
-    let keys: Rc<Vec<ObjectKey>> = Rc::new((0..count).map(small_key).collect());
+    let keys: Rc<Vec<ObjectKey>> = Rc::new((0..count).map(key).collect());
     let started = Instant::now();
     let deadline = started + duration;
     let workers: Vec<_> = (0..depth)
@@ -108,8 +109,8 @@ async fn random_reads(
             let store = store.clone();
             let keys = keys.clone();
             spawn(async move {
-                let mut state =
-                    0x9E37_79B9_7F4A_7C15u64 ^ ((worker as u64 + 1) * 0x2545_F491_4F6C_DD1D);
+                let mut state = 0x9E37_79B9_7F4A_7C15u64
+                    ^ (worker as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D);
                 let mut done = 0u64;
                 while Instant::now() < deadline {
                     state ^= state << 13;
@@ -117,7 +118,7 @@ async fn random_reads(
                     state ^= state << 17;
                     let key = &keys[(state % keys.len() as u64) as usize];
                     let read = store.get(key, None).await?.ok_or_else(missing)?;
-                    assert_eq!(read.len(), SMALL_OBJECT_BYTES);
+                    assert_eq!(read.len(), size);
                     done += 1;
                 }
                 Ok::<u64, hydrant_engine::Error>(done)
@@ -256,7 +257,12 @@ pub fn engine(args: EngineArgs) -> Result<(), String> {
         )?;
         let depth = args.random_depth;
         let engine_r = block_on(engine.on_shard(0, move |store| {
-            random_reads(store.store().clone(), small_count, depth, duration)
+            random_reads(
+                store.store().clone(),
+                (small_count, small_key, SMALL_OBJECT_BYTES),
+                depth,
+                duration,
+            )
         }))
         .map_err(engine_error)?;
         let fio_s = fio::run(
@@ -384,7 +390,12 @@ pub fn space(args: SpaceArgs) -> Result<(), String> {
         let stored = stats[0].object_bytes;
         let duration = Duration::from_secs(args.seconds);
         let gets_per_second = block_on(engine.on_shard(0, move |store| {
-            random_gets(store.store().clone(), objects, size, duration)
+            random_reads(
+                store.store().clone(),
+                (objects, dataset_object_key, size),
+                FILL_DEPTH as u32,
+                duration,
+            )
         }))
         .map_err(engine_error)?;
         engine.close();
@@ -395,43 +406,6 @@ pub fn space(args: SpaceArgs) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// GETs of random objects among `count` of `size` bytes (`dataset_object_key`), FILL_DEPTH at
-/// a time, for `duration`; returns GETs per second.
-async fn random_gets(
-    store: Rc<Store>,
-    count: usize,
-    size: usize,
-    duration: Duration,
-) -> hydrant_engine::Result<f64> {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let workers: Vec<_> = (0..FILL_DEPTH)
-        .map(|worker| {
-            let store = store.clone();
-            spawn(async move {
-                let mut state =
-                    0x9E37_79B9_7F4A_7C15u64 ^ ((worker as u64 + 1) * 0x2545_F491_4F6C_DD1D);
-                let mut done = 0u64;
-                while Instant::now() < deadline {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let key = dataset_object_key((state % count as u64) as usize);
-                    let read = store.get(&key, None).await?.ok_or_else(missing)?;
-                    assert_eq!(read.len(), size);
-                    done += 1;
-                }
-                Ok::<u64, hydrant_engine::Error>(done)
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for worker in workers {
-        total += worker.await?;
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
 pub(crate) fn dataset_object_key(index: usize) -> ObjectKey {

@@ -370,3 +370,67 @@ fn streamed_puts_in_frames_of_any_size_keep_their_bytes_and_a_damaged_frame_keep
         "a PUT refused for a damaged frame leaves the version before it"
     );
 }
+
+/// A streamed PUT becomes visible only once every one of its frames is in and checked: a last
+/// frame that carries more than the object's bytes, or whose bytes do not match its checksum,
+/// is refused and leaves the version before it, even though it holds the object's last bytes.
+#[test]
+fn a_streamed_put_whose_last_frame_is_too_long_or_damaged_keeps_nothing() {
+    let scratch = Scratch::new("limits-last-frame");
+    let server = ServerProcess::start(scratch.path(), 512, &["--origin", "none"], &[]);
+    let mut stream = server.greeted();
+    let mut client = server.client();
+    let before = object_bytes(7, 300_000);
+    client
+        .put("data", "last", &before)
+        .expect("the first version");
+    let announce = |object_bytes: u64| {
+        PutRequest {
+            name: ObjectName {
+                bucket: "data".into(),
+                key: "last".into(),
+            },
+            object_bytes,
+        }
+        .encode()
+    };
+    // Announced 100,000 bytes; 60,000 come, then 60,000 more in the last frame.
+    let long = object_bytes(8, 120_000);
+    let mut frames =
+        common::frame_of_stream(Opcode::Put, 50, &announce(100_000), &long[..60_000], true);
+    frames.extend(common::frame_of_stream(
+        Opcode::Put,
+        50,
+        &[],
+        &long[60_000..],
+        false,
+    ));
+    stream.write_all(&frames).unwrap();
+    let answer = receive(&mut stream);
+    assert_eq!(answer.status(), Status::BadRequest, "{}", answer.message());
+    // The last frame damaged after its checksum was taken.
+    let mut frames = streamed_put(51, "last", &object_bytes(9, 200_000), 3);
+    let last = frames.len() - 1;
+    let end = frames[last].len() - 1;
+    frames[last][end] ^= 1;
+    stream.write_all(&frames.concat()).unwrap();
+    let answer = receive(&mut stream);
+    assert_eq!(
+        answer.status(),
+        Status::ChecksumMismatch,
+        "{}",
+        answer.message()
+    );
+    let (_, stored) = client.get("data", "last", None).expect("GET");
+    assert!(
+        stored == before,
+        "a refused PUT leaves the version before it"
+    );
+    // And the connection goes on: a good PUT on it is stored.
+    let good = object_bytes(10, 200_000);
+    stream
+        .write_all(&streamed_put(52, "last", &good, 3).concat())
+        .unwrap();
+    assert_eq!(receive(&mut stream).status(), Status::Ok);
+    assert!(client.get("data", "last", None).expect("GET").1 == good);
+}

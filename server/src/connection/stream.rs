@@ -10,7 +10,10 @@
 //! queued for the shard; all streams together hold at most the engine's `streamed_bytes_max`,
 //! and a stream waits (the connection is not read) while that is reached. The stream is read to
 //! its last frame even when refused, so that one request gets one answer and the connection
-//! stays in step; a stream cut off or refused midway leaves nothing visible.
+//! stays in step; a stream cut off or refused midway leaves nothing visible: the object's last
+//! chunk, which makes the version complete, goes to the shard only once every frame is in and
+//! has matched its checksum, and a frame that would carry bytes past the object's is refused
+//! before any of them is kept.
 
 use hydrant_engine::{PutSink, StreamedChunk};
 use hydrant_proto::crc::combine::Joined;
@@ -129,7 +132,9 @@ impl Feeding {
         self.checksums.add(&chunk.data, from, frame);
         let added = chunk.data.len() - from;
         self.received += added as u64;
-        if chunk.data.len() == chunk.data.capacity() {
+        // The last chunk makes the version visible: it waits until every frame is in and
+        // checked (`stream_in`).
+        if chunk.data.len() == chunk.data.capacity() && self.received < self.object_bytes {
             self.send_chunk(frame).await;
         }
         Ok(added)
@@ -177,11 +182,16 @@ pub(super) async fn stream_in(
     loop {
         let mut remaining = frame.payload_len as usize;
         let mut crc = Joined::new();
+        if feeding
+            .as_ref()
+            .is_some_and(|feeding| feeding.received + frame.payload_len > feeding.object_bytes)
+        {
+            // Refused before any of its bytes is kept: the put never gets its last chunk.
+            refusal = Some((Status::BadRequest, "more bytes than object_bytes".into()));
+            feeding = None;
+        }
         while remaining > 0 {
             match feeding.as_mut().filter(|feeding| !feeding.ended) {
-                Some(feeding) if feeding.received == feeding.object_bytes => {
-                    refusal = Some((Status::BadRequest, "more bytes than object_bytes".into()));
-                }
                 Some(feeding) => {
                     remaining -= feeding
                         .receive(&connection.engine, input, remaining, &mut crc)
@@ -251,6 +261,9 @@ pub(super) async fn stream_in(
     if feeding.object_bytes == 0 && !feeding.ended {
         // An empty object is one empty chunk.
         feeding.chunk = Some(connection.engine.streamed_chunk(0).await);
+    }
+    if feeding.chunk.is_some() && !feeding.ended {
+        // The last chunk, held until every frame was read and checked.
         feeding.send_chunk(&mut Joined::new()).await;
     }
     // The shard answers once every chunk is durable; the reader goes on meanwhile.
