@@ -315,6 +315,21 @@ fn a_streamed_put_larger_than_its_shard_holds_is_refused_as_too_large_and_leaves
     assert_eq!(client.get("data", "small", None).unwrap().1, b"fits");
 }
 
+/// Send a streamed PUT's `frames` with the last payload byte of frame `damaged` changed after
+/// its checksum was taken, and check that it is refused with CHECKSUM_MISMATCH.
+fn put_damaged(stream: &mut std::net::TcpStream, mut frames: Vec<Vec<u8>>, damaged: usize) {
+    let end = frames[damaged].len() - 1;
+    frames[damaged][end] ^= 0x40;
+    stream.write_all(&frames.concat()).unwrap();
+    let answer = receive(stream);
+    assert_eq!(
+        answer.status(),
+        Status::ChecksumMismatch,
+        "{}",
+        answer.message()
+    );
+}
+
 /// A streamed PUT's stored checksums are computed in the pass that checks its frames': frames
 /// of any size (checksum pieces and chunks cut by frame boundaries; bytes that came with a
 /// frame's header and bytes received straight into a chunk) store exactly the bytes sent, and
@@ -354,17 +369,8 @@ fn streamed_puts_in_frames_of_any_size_keep_their_bytes_and_a_damaged_frame_keep
         );
     }
     // The same key again, a byte of the fourth frame's payload changed after its checksum.
-    let mut frames = streamed_put(40, "frames-7", &object_bytes(6, data.len()), 7);
-    let last = frames[3].len() - 1;
-    frames[3][last] ^= 0x40;
-    stream.write_all(&frames.concat()).unwrap();
-    let answer = receive(&mut stream);
-    assert_eq!(
-        answer.status(),
-        Status::ChecksumMismatch,
-        "{}",
-        answer.message()
-    );
+    let frames = streamed_put(40, "frames-7", &object_bytes(6, data.len()), 7);
+    put_damaged(&mut stream, frames, 3);
     assert!(
         get("frames-7") == data,
         "a PUT refused for a damaged frame leaves the version before it"
@@ -409,17 +415,10 @@ fn a_streamed_put_whose_last_frame_is_too_long_or_damaged_keeps_nothing() {
     let answer = receive(&mut stream);
     assert_eq!(answer.status(), Status::BadRequest, "{}", answer.message());
     // The last frame damaged after its checksum was taken.
-    let mut frames = streamed_put(51, "last", &object_bytes(9, 200_000), 3);
-    let last = frames.len() - 1;
-    let end = frames[last].len() - 1;
-    frames[last][end] ^= 1;
-    stream.write_all(&frames.concat()).unwrap();
-    let answer = receive(&mut stream);
-    assert_eq!(
-        answer.status(),
-        Status::ChecksumMismatch,
-        "{}",
-        answer.message()
+    put_damaged(
+        &mut stream,
+        streamed_put(51, "last", &object_bytes(9, 200_000), 3),
+        2,
     );
     let (_, stored) = client.get("data", "last", None).expect("GET");
     assert!(

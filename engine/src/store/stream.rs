@@ -366,38 +366,31 @@ impl PutStream {
             store.new_chunk_entry(&self.key, chunk, self.object_bytes, self.dirty, data, stamp)
         };
         let (entry_bytes, mut header) = match &mut write {
-            ChunkWrite::Whole {
-                buf,
-                length,
-                crcs: Some(crcs),
-            } => {
+            ChunkWrite::Whole { buf, length, crcs } => {
                 let data = &buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + *length];
-                debug_assert_eq!(
-                    *crcs,
-                    crate::format::data_checksums(data, store.geometry.crc_block_bytes as usize),
-                    "a chunk's checksums as its writer computed them"
-                );
-                let crcs = std::mem::take(crcs);
-                (
-                    buf.len(),
-                    store.chunk_entry_checksummed(
-                        &self.key,
-                        chunk,
-                        self.object_bytes,
-                        self.dirty,
-                        (*length, crcs),
-                        stamp,
-                    ),
-                )
+                let header = match crcs.take() {
+                    Some(crcs) => {
+                        debug_assert_eq!(
+                            crcs,
+                            crate::format::data_checksums(
+                                data,
+                                store.geometry.crc_block_bytes as usize
+                            ),
+                            "a chunk's checksums as its writer computed them"
+                        );
+                        store.chunk_entry_checksummed(
+                            &self.key,
+                            chunk,
+                            self.object_bytes,
+                            self.dirty,
+                            (data.len(), crcs),
+                            stamp,
+                        )
+                    }
+                    None => header_of(data),
+                };
+                (buf.len(), header)
             }
-            ChunkWrite::Whole {
-                buf,
-                length,
-                crcs: None,
-            } => (
-                buf.len(),
-                header_of(&buf.as_slice()[BLOCK_BYTES..BLOCK_BYTES + *length]),
-            ),
             ChunkWrite::Split { buf, whole } => {
                 let mut header = whole.with_bytes(0, whole.len(), header_of);
                 header.flags |= crate::format::ENTRY_FLAG_FROM_CLIENT;

@@ -207,10 +207,6 @@ pub(super) async fn stream_in(
                     crc.push(hydrant_proto::crc::crc32c(piece), piece.len() as u64);
                 }
             }
-            if refusal.is_some() {
-                // Abandoned: the shard's put ends without its last chunk.
-                feeding = None;
-            }
         }
         if let Some(feeding) = feeding.as_mut() {
             feeding.checksums.end_frame(&mut crc);
